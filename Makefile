@@ -1,0 +1,45 @@
+# Forge: `make demo` sets up and runs the built-in example; `make test` sets up and runs every test.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.forge-installed
+HARNESS_STAMP := .harnesses/node_modules/.forge-installed
+
+.PHONY: setup harnesses demo test test-fast test-slow lint schema-doc clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Forge targets Python 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+harnesses: $(HARNESS_STAMP)
+
+$(HARNESS_STAMP): .harnesses/package.json .harnesses/package-lock.json
+	bash scripts/install_harnesses.sh
+	touch $(HARNESS_STAMP)
+
+demo: setup
+	$(PY) -m forge_cli.demo
+
+# Every test: the fast suite, then the slow one (real harness CLIs, network namespaces).
+test: setup harnesses lint test-fast test-slow
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: setup harnesses
+	$(PY) -m pytest -m slow -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+schema-doc: setup
+	$(PY) -m pipeline.schema > docs/schema.md
+
+clean:
+	rm -rf $(VENV) .harnesses/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,194 @@
+"""Start and stop a ``mitmdump`` running Forge's addon, and the environment that trusts it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ADDON = Path(__file__).resolve().parent.parent / "mitm_addon" / "forge_addon.py"
+DEFAULT_CONFDIR = Path("~/.forge/mitmproxy")
+_READY_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 30.0
+
+
+class ForgeError(RuntimeError):
+    """A failure the user can act on; the message says how."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def mitmdump_path() -> str:
+    here = Path(sys.executable).parent / "mitmdump"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mitmdump")
+    if not found:
+        raise ForgeError("mitmdump not found: install Forge's dependencies (make setup)")
+    return found
+
+
+@dataclass
+class ProxySettings:
+    out_dir: Path
+    confdir: Path = DEFAULT_CONFDIR
+    port: int = 0
+    listen_host: str = "127.0.0.1"
+    rollout: str | None = None
+    upstreams: list[str] = field(default_factory=list)
+    hosts: str | None = None
+    other_hosts: str | None = None
+    mode: str = "regular"  # or "transparent"
+    extra: list[str] = field(default_factory=list)  # more --set NAME=VALUE
+
+
+@dataclass
+class RunningProxy:
+    process: subprocess.Popen[bytes]
+    port: int
+    confdir: Path
+    run_id: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.confdir / "mitmproxy-ca-cert.pem"
+
+
+def start_proxy(settings: ProxySettings) -> RunningProxy:
+    """Start mitmdump with the addon and wait until it is recording."""
+    out = settings.out_dir.expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    confdir = settings.confdir.expanduser().resolve()
+    confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(confdir, 0o700)
+    port = settings.port or free_port()
+    ready = out / f".proxy-ready-{os.getpid()}-{port}.json"
+    ready.unlink(missing_ok=True)
+    log_path = out / "proxy.log"
+    args = [
+        mitmdump_path(),
+        "--listen-host", settings.listen_host,
+        "--listen-port", str(port),
+        "-s", str(ADDON),
+        "--set", f"confdir={confdir}",
+        "--set", f"forge_dir={out}",
+        "--set", f"forge_ready_file={ready}",
+        "--set", "connection_strategy=lazy",
+        "--set", "flow_detail=0",
+    ]
+    if settings.mode != "regular":
+        args += ["--mode", settings.mode]
+    if settings.rollout:
+        args += ["--set", f"forge_rollout={settings.rollout}"]
+    if settings.upstreams:
+        args += ["--set", f"forge_upstream={','.join(settings.upstreams)}"]
+    if settings.hosts:
+        args += ["--set", f"forge_hosts={settings.hosts}"]
+    if settings.other_hosts:
+        args += ["--set", f"forge_other_hosts={settings.other_hosts}"]
+    for item in settings.extra:
+        args += ["--set", item]
+    log = open(log_path, "ab")
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ready.exists():
+            try:
+                info = json.loads(ready.read_text())
+            except ValueError:
+                time.sleep(0.05)
+                continue
+            ready.unlink(missing_ok=True)
+            _protect_ca(confdir)
+            return RunningProxy(process, port, confdir, info["run_id"], log_path)
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop_proxy_process(process)
+    tail = log_path.read_text(errors="replace")[-3000:]
+    raise ForgeError(f"the proxy did not start (log {log_path}):\n{tail}")
+
+
+def _protect_ca(confdir: Path) -> None:
+    """The CA private key is readable by its owner only."""
+    for name in ("mitmproxy-ca.pem", "mitmproxy-ca.p12"):
+        p = confdir / name
+        if p.exists():
+            os.chmod(p, 0o600)
+
+
+def stop_proxy_process(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM (the addon flushes its shards), then SIGKILL after a bound."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode or 0
+
+
+def system_ca_file() -> Path | None:
+    for candidate in (ssl.get_default_verify_paths().cafile, "/etc/ssl/certs/ca-certificates.crt",
+                      "/etc/pki/tls/certs/ca-bundle.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    try:
+        import certifi
+
+        return Path(certifi.where())
+    except ImportError:
+        return None
+
+
+def ca_bundle(proxy: RunningProxy) -> Path:
+    """System CAs plus Forge's, for variables that replace the system store."""
+    bundle = proxy.confdir / "forge-ca-bundle.pem"
+    parts = []
+    system = system_ca_file()
+    if system is not None:
+        parts.append(system.read_text(errors="replace").rstrip() + "\n")
+    parts.append(proxy.ca_cert.read_text())
+    tmp = bundle.with_suffix(".tmp")
+    tmp.write_text("".join(parts))
+    tmp.replace(bundle)
+    return bundle
+
+
+def harness_env(proxy: RunningProxy, base: dict[str, str], rollout: str | None,
+                proxy_user: str | None = None) -> dict[str, str]:
+    """The child's environment: proxy variables and CA trust for every runtime."""
+    env = dict(base)
+    url = proxy.url if not proxy_user else f"http://{proxy_user}:x@127.0.0.1:{proxy.port}"
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        env[name] = url
+    no_proxy = "localhost,127.0.0.1,::1"
+    env["NO_PROXY"] = env["no_proxy"] = no_proxy
+    bundle = str(ca_bundle(proxy))
+    env["NODE_EXTRA_CA_CERTS"] = str(proxy.ca_cert)  # added to Node's store
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
+                 "CODEX_CA_CERTIFICATE"):
+        env[name] = bundle  # these replace the store: system CAs + Forge's
+    if rollout:
+        env["FORGE_ROLLOUT_ID"] = rollout
+    return env

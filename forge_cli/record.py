@@ -1,0 +1,103 @@
+"""``forge record``: run a harness with its LLM calls recorded through Forge's proxy."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from forge_cli.proxy import (
+    DEFAULT_CONFDIR,
+    ForgeError,
+    ProxySettings,
+    harness_env,
+    start_proxy,
+    stop_proxy_process,
+)
+
+__all__ = ["ForgeError", "add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "record",
+        help="run a command with its LLM calls recorded",
+        description="Start Forge's proxy on a free loopback port, run CMD with HTTPS_PROXY and CA "
+        "trust set for every runtime, stop the proxy, print a summary, exit with CMD's code.",
+    )
+    p.add_argument("--out", type=Path, default=None,
+                   help="run directory (default data/runs/record-<time>)")
+    p.add_argument("--rollout", default=None, help="rollout id of every call (default: the run directory's name)")
+    p.add_argument("--upstream", action="append", default=[], metavar="HOST=URL",
+                   help="send a provider host to another base URL; repeatable")
+    p.add_argument("--hosts", default=None, help="comma-separated LLM hosts to intercept")
+    p.add_argument("--other-hosts", choices=("pass", "404"), default=None,
+                   help="hosts outside --hosts: tunnel untouched (pass) or answer 404")
+    p.add_argument("--confdir", type=Path, default=DEFAULT_CONFDIR,
+                   help="mitmproxy directory holding Forge's CA (default ~/.forge/mitmproxy)")
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="OPTION=VALUE",
+                   help="any other mitmproxy or forge_ option; repeatable")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ForgeError("nothing to run: forge record [OPTIONS] -- CMD [ARGS...]")
+    for item in args.upstream:
+        if "=" not in item:
+            raise ForgeError(f"--upstream {item!r}: expected HOST=URL, e.g. api.openai.com=http://127.0.0.1:9000")
+    out = args.out or Path("data/runs") / time.strftime("record-%Y%m%d-%H%M%S")
+    rollout = args.rollout or out.resolve().name
+    settings = ProxySettings(out_dir=out, confdir=args.confdir, rollout=rollout,
+                             upstreams=args.upstream, hosts=args.hosts, other_hosts=args.other_hosts,
+                             extra=args.extra)
+    proxy = start_proxy(settings)
+    print(f"forge: proxy on {proxy.url} recording to {out} (log {proxy.log_path})", file=sys.stderr)
+    env = harness_env(proxy, dict(os.environ), rollout)
+    code = _run_child(cmd, env)
+    proxy_code = stop_proxy_process(proxy.process)
+    if proxy_code not in (0, -signal.SIGTERM):
+        print(f"forge: warning: the proxy exited with {proxy_code}; see {proxy.log_path}", file=sys.stderr)
+    print_summary(out, proxy.run_id)
+    return code
+
+
+def _run_child(cmd: list[str], env: dict[str, str]) -> int:
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except FileNotFoundError as e:
+        raise ForgeError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+    # Ctrl-C reaches the child through the terminal's process group; we wait for it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def print_summary(out: Path, run_id: str) -> None:
+    from pipeline.store import connect, sql_text
+
+    con = connect(out)
+    rows = con.execute(sql_text("record_summary"), {"run_id": run_id}).fetchall()
+    total = sum(r[2] for r in rows)
+    print(f"forge: recorded {total} LLM call(s) in {out}", file=sys.stderr)
+    if rows:
+        print(f"  {'api':<20} {'model':<32} {'calls':>6} {'failed':>6} {'in tok':>9} {'out tok':>9}", file=sys.stderr)
+        for api, model, calls, failed, tin, tout, est in rows:
+            mark = "~" if est else " "
+            print(f"  {api:<20} {model:<32} {calls:>6} {failed:>6} {tin:>8}{mark} {tout:>8}{mark}", file=sys.stderr)
+    other = con.execute(
+        "SELECT count(*), coalesce(sum(requests), 0) FROM endpoints WHERE run_id = $run_id", {"run_id": run_id}
+    ).fetchone()
+    if other and other[1]:
+        print(f"  other requests to LLM hosts (not model calls): {other[1]}", file=sys.stderr)

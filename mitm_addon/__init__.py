@@ -1,0 +1,1 @@
+"""Forge's mitmproxy addon: capture (record mode) and policy serving (serve mode)."""

@@ -1,0 +1,131 @@
+"""Parsing of the addon's option values: pure, and the only place that raises on bad ones."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DEFAULT_HOSTS = ("api.anthropic.com", "api.openai.com", "chatgpt.com")
+MODES = ("record",)
+OTHER_HOSTS = ("pass", "404")
+ON_WRITE_ERROR = ("fail", "refuse", "warn")
+
+
+class ConfigError(ValueError):
+    """An option value Forge cannot use; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    scheme: str
+    host: str
+    port: int
+    path_prefix: str  # "" or "/prefix" without trailing slash
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{self.path_prefix}"
+
+
+@dataclass(frozen=True)
+class Redaction:
+    headers: frozenset[str] = frozenset()  # lower-case header names
+    params: frozenset[str] = frozenset()  # lower-case query parameter names
+    patterns: tuple[re.Pattern[str], ...] = ()  # scrubbed from stored text
+
+
+@dataclass(frozen=True)
+class Config:
+    out_dir: Path | None
+    mode: str = "record"
+    rollout: str | None = None
+    hosts: frozenset[str] = frozenset(DEFAULT_HOSTS)
+    upstreams: dict[str, Upstream] = field(default_factory=dict)
+    other_hosts: str = "pass"
+    redaction: Redaction = Redaction()
+    rotate_rows: int = 5000
+    rotate_bytes: int = 64 * 1024 * 1024
+    rotate_seconds: float = 60.0
+    max_body_bytes: int = 256 * 1024 * 1024
+    on_write_error: str = "fail"
+    process_lookup: bool = True
+
+
+def parse_hosts(value: str) -> frozenset[str]:
+    hosts = frozenset(h.strip().lower().rstrip(".") for h in value.split(",") if h.strip())
+    if not hosts:
+        raise ConfigError("forge_hosts is empty: name at least one LLM host, e.g. api.openai.com")
+    for host in hosts:
+        if not re.fullmatch(r"[a-z0-9*.\-]+|\[[0-9a-f:]+\]", host):
+            raise ConfigError(f"forge_hosts: {host!r} is not a host name")
+    return hosts
+
+
+def host_matches(host: str, hosts: frozenset[str]) -> bool:
+    """Exact names, or ``*.example.com`` wildcards."""
+    host = host.lower().rstrip(".")
+    if host in hosts:
+        return True
+    return any(p.startswith("*.") and host.endswith(p[1:]) for p in hosts)
+
+
+def parse_upstreams(value: str) -> dict[str, Upstream]:
+    """``api.openai.com=http://127.0.0.1:9000,api.anthropic.com=https://gw.example/anthropic``."""
+    out: dict[str, Upstream] = {}
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        host, sep, url = part.partition("=")
+        host = host.strip().lower()
+        if not sep or not host or not url.strip():
+            raise ConfigError(f"forge_upstream: {part!r} is not HOST=URL (e.g. api.openai.com=http://127.0.0.1:9000)")
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"forge_upstream: {url!r} is not an http:// or https:// URL")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as e:
+            raise ConfigError(f"forge_upstream: bad port in {url!r}") from e
+        if parts.query or parts.fragment:
+            raise ConfigError(f"forge_upstream: {url!r} must not carry a query or fragment")
+        out[host] = Upstream(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+    return out
+
+
+def parse_redaction(value: str) -> Redaction:
+    """Comma list: ``header:NAME``, ``param:NAME`` or ``re:PATTERN``; a bare NAME is a header."""
+    headers: set[str] = set()
+    params: set[str] = set()
+    patterns: list[re.Pattern[str]] = []
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            continue
+        kind, sep, rest = part.partition(":")
+        if sep and kind == "re":
+            try:
+                patterns.append(re.compile(rest))
+            except re.error as e:
+                raise ConfigError(f"forge_redact: bad pattern {rest!r}: {e}") from e
+        elif sep and kind == "param":
+            params.add(rest.lower())
+        elif sep and kind == "header":
+            headers.add(rest.lower())
+        elif not sep:
+            headers.add(part.lower())
+        else:
+            raise ConfigError(f"forge_redact: {part!r}: use header:NAME, param:NAME or re:PATTERN")
+    return Redaction(frozenset(headers), frozenset(params), tuple(patterns))
+
+
+def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+def parse_positive(name: str, value: float) -> float:
+    if value <= 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return value

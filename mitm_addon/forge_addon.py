@@ -1,0 +1,457 @@
+"""Forge's mitmproxy addon: ``mitmdump -s mitm_addon/forge_addon.py --set forge_dir=DIR``.
+
+Only wiring lives here: options, hooks, and the hand-off to the writer. LLM hosts
+(``forge_hosts``) are intercepted and their model calls recorded; every other host
+is tunnelled untouched (no forged certificate) or answered 404 (``forge_other_hosts``).
+Responses are teed, never buffered: the harness gets each chunk when upstream sends it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+if __package__ in (None, ""):  # loaded by path through ``mitmdump -s``
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mitmproxy import connection, ctx, exceptions, http, tls
+from mitmproxy.addonmanager import Loader
+
+from mitm_addon import config as cfg
+from mitm_addon.attribution import ProcessInfo, lookup_process
+from mitm_addon.bodies import BodyError, decode_body
+from mitm_addon.capture import Capture
+from mitm_addon.ids import new_id
+from mitm_addon.protocols import find_adapter
+from mitm_addon.redact import proxy_auth_user, redact_headers, redact_query, scrub_body
+from mitm_addon.writer import Writer
+
+log = logging.getLogger(__name__)
+
+# WebSocket server messages that end one Responses call (checked on a message's head).
+_WS_TERMINAL = re.compile(
+    r'"type"\s*:\s*"(response\.completed|response\.failed|response\.incomplete|error)"'
+)
+_WS_HEAD_CHARS = 256
+_RESPONSES_WS_PATHS = ("/v1/responses", "/responses", "/backend-api/codex/responses")
+
+
+class Tee:
+    """The response's stream callable: forwards each chunk unchanged and keeps a copy."""
+
+    __slots__ = ("chunks", "size", "limit", "truncated", "first_at")
+
+    def __init__(self, limit: int) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.limit = limit
+        self.truncated = False
+        self.first_at: float | None = None
+
+    def __call__(self, data: bytes) -> bytes:
+        if data:
+            if self.first_at is None:
+                self.first_at = time.time()
+            self.size += len(data)
+            if self.size <= self.limit:
+                self.chunks.append(data)
+            else:
+                self.truncated = True
+        return data
+
+
+class _WsCall:
+    """The Responses call in progress on one WebSocket."""
+
+    __slots__ = ("capture", "messages")
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.messages: list[str] = []
+
+
+class ForgeAddon:
+    def __init__(self) -> None:
+        self.config: cfg.Config | None = None
+        self.config_error: str | None = "forge_dir is not set: add --set forge_dir=DIR"
+        self.writer: Writer | None = None
+        self.run_id = new_id("run-")
+        self._conn_rollout: dict[str, str] = {}
+        self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
+        self._lookups = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="forge-lookup")
+
+    # -- options -------------------------------------------------------------------------
+
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
+            "forge_dir", str, "",
+            "Directory the recorded calls go to (Parquet shards under calls/ and messages/, "
+            "a write-ahead log under wal/). Created if absent; must be writable.",
+        )
+        loader.add_option("forge_mode", str, "record", "record: pass calls through to the provider and record them.")
+        loader.add_option(
+            "forge_rollout", Optional[str], None,
+            "Rollout id for calls that carry none in their proxy credentials "
+            "(HTTPS_PROXY=http://ROLLOUT:x@host:port) .",
+        )
+        loader.add_option(
+            "forge_hosts", str, ",".join(cfg.DEFAULT_HOSTS),
+            "Comma-separated LLM hosts to intercept (*.example.com wildcards allowed). "
+            "Every other host is tunnelled untouched or refused, per forge_other_hosts.",
+        )
+        loader.add_option(
+            "forge_upstream", str, "",
+            "Send a provider host to another base URL: "
+            "api.openai.com=http://127.0.0.1:9000,api.anthropic.com=https://gateway.example .",
+        )
+        loader.add_option(
+            "forge_other_hosts", str, "pass",
+            "Hosts outside forge_hosts: pass (tunnel untouched, no forged certificate) or 404 "
+            "(answer 404 locally; on a machine without internet, catalog fetchers then fall back).",
+        )
+        loader.add_option(
+            "forge_redact", str, "",
+            "Extra secrets to keep off disk, comma-separated: header:NAME, param:NAME or re:PATTERN "
+            "(a bare NAME is a header). Authorization, API-key headers, cookies, proxy passwords "
+            "and key-like query parameters are always removed.",
+        )
+        loader.add_option("forge_rotate_rows", int, 5000, "Start a new shard after this many calls.")
+        loader.add_option("forge_rotate_bytes", int, 64 * 1024 * 1024, "Start a new shard after this many body bytes.")
+        loader.add_option("forge_rotate_seconds", int, 60, "Start a new shard after this many seconds.")
+        loader.add_option(
+            "forge_max_body_bytes", int, 256 * 1024 * 1024,
+            "Bodies past this size still pass through, but are not kept whole (the row says so).",
+        )
+        loader.add_option(
+            "forge_on_write_error", str, "fail",
+            "When a call cannot be logged (disk full, directory gone): fail (answer the harness "
+            "507 so nothing passes unrecorded) or warn (pass the call and log an error).",
+        )
+        loader.add_option(
+            "forge_process_lookup", bool, True,
+            "Find the client process of each connection (pid, ancestors, FORGE_ROLLOUT_ID).",
+        )
+        loader.add_option("forge_ready_file", str, "", "Written once the addon is recording (for launchers).")
+
+    def configure(self, updated: set[str]) -> None:
+        if ctx.options.connection_strategy != "lazy":
+            # LLM hosts may be unreachable (tests, gateways): connect only once we know where to.
+            ctx.options.update(connection_strategy="lazy")
+        if not any(k.startswith("forge_") for k in updated):
+            return
+        o = ctx.options
+        try:
+            out = Path(o.forge_dir).expanduser().resolve() if o.forge_dir else None
+            new = cfg.Config(
+                out_dir=out,
+                mode=cfg.parse_choice("forge_mode", o.forge_mode, cfg.MODES),
+                rollout=o.forge_rollout or None,
+                hosts=cfg.parse_hosts(o.forge_hosts),
+                upstreams=cfg.parse_upstreams(o.forge_upstream),
+                other_hosts=cfg.parse_choice("forge_other_hosts", o.forge_other_hosts, cfg.OTHER_HOSTS),
+                redaction=cfg.parse_redaction(o.forge_redact),
+                rotate_rows=int(cfg.parse_positive("forge_rotate_rows", o.forge_rotate_rows)),
+                rotate_bytes=int(cfg.parse_positive("forge_rotate_bytes", o.forge_rotate_bytes)),
+                rotate_seconds=cfg.parse_positive("forge_rotate_seconds", o.forge_rotate_seconds),
+                max_body_bytes=int(cfg.parse_positive("forge_max_body_bytes", o.forge_max_body_bytes)),
+                on_write_error=cfg.parse_choice("forge_on_write_error", o.forge_on_write_error, ("fail", "warn")),
+                process_lookup=o.forge_process_lookup,
+            )
+            if out is not None:
+                _check_writable(out)
+        except cfg.ConfigError as e:
+            raise exceptions.OptionsError(str(e)) from e
+        old_dir = self.config.out_dir if self.config else None
+        self.config = new
+        self.config_error = None if new.out_dir else "forge_dir is not set: add --set forge_dir=DIR"
+        if self.writer is not None and new.out_dir != old_dir:
+            self.writer.stop()
+            self.writer = None
+            self.running()
+
+    def running(self) -> None:
+        if self.writer is not None or self.config is None or self.config.out_dir is None:
+            if self.config_error:
+                log.error("forge: %s; LLM calls will be refused until it is", self.config_error)
+            return
+        self.writer = Writer(self.config, self.run_id)
+        report = self.writer.start()
+        if report.segments:
+            log.warning(
+                "forge: recovered %d calls (%d incomplete) from the write-ahead log of an earlier run",
+                report.calls, report.incomplete,
+            )
+        log.info("forge: recording %s to %s", ",".join(sorted(self.config.hosts)), self.config.out_dir)
+        ready = ctx.options.forge_ready_file
+        if ready:
+            Path(ready).write_text(json.dumps({"pid": os.getpid(), "run_id": self.run_id,
+                                               "dir": str(self.config.out_dir)}))
+
+    def done(self) -> None:
+        if self.writer is not None:
+            self.writer.stop()
+            self.writer = None
+        self._lookups.shutdown(wait=False, cancel_futures=True)
+
+    # -- connections ---------------------------------------------------------------------
+
+    def client_connected(self, client: connection.Client) -> None:
+        if self.config is None or not self.config.process_lookup or not client.peername:
+            return
+        if client.peername[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+            return
+        self._conn_process[client.id] = self._lookups.submit(lookup_process, client.peername[1], os.getpid())
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._conn_rollout.pop(client.id, None)
+        self._conn_process.pop(client.id, None)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
+        if user:
+            self._conn_rollout[flow.client_conn.id] = user
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        if self.config is None:
+            return
+        host = data.client_hello.sni or (data.context.server.address or ("",))[0]
+        if not cfg.host_matches(str(host), self.config.hosts) and self.config.other_hosts == "pass":
+            data.ignore_connection = True
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        config = self.config
+        auth = flow.request.headers.pop("proxy-authorization", None)
+        if auth and (user := proxy_auth_user(auth)):
+            self._conn_rollout[flow.client_conn.id] = user
+        if config is None:
+            return
+        host = flow.request.pretty_host.lower()
+        if not cfg.host_matches(host, config.hosts):
+            if config.other_hosts == "404":
+                flow.response = _json_response(404, {"error": f"{host} is not served here (forge_other_hosts=404)"})
+            return
+        if self.config_error or self.writer is None:
+            flow.response = _json_response(503, {"error": f"Forge is not recording: {self.config_error or 'not started'}"})
+            return
+        method, path = flow.request.method, flow.request.path
+        upgrade = flow.request.headers.get("upgrade", "").lower() == "websocket"
+        if upgrade and path.partition("?")[0] in _RESPONSES_WS_PATHS:
+            flow.metadata["forge_ws"] = True
+        elif find_adapter(method, path) is not None or _looks_like_model_call(flow):
+            self._begin(flow, host)
+            if flow.response is not None:  # refused: could not log
+                return
+        else:
+            flow.metadata["forge_count"] = host
+        self._reroute(flow, host)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        capture: Capture | None = flow.metadata.get("forge_capture")
+        if capture is None or flow.response is None:
+            return
+        if "text/event-stream" in flow.response.headers.get("content-type", ""):
+            capture.transport = "sse"
+        assert self.config is not None
+        tee = Tee(self.config.max_body_bytes)
+        flow.response.stream = tee
+        flow.metadata["forge_tee"] = tee
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if "forge_capture" in flow.metadata:
+            self._end(flow, None)
+        elif (host := flow.metadata.get("forge_count")) and self.writer and flow.response:
+            self.writer.count_endpoint(host, flow.request.method, flow.request.path, flow.response.status_code)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if "forge_capture" in flow.metadata:
+            self._end(flow, flow.error.msg if flow.error else "connection error")
+
+    # -- WebSocket (Responses API, as Codex CLI speaks it) --------------------------------
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        if not flow.metadata.get("forge_ws") or flow.websocket is None or self.writer is None:
+            return
+        message = flow.websocket.messages[-1]
+        current: _WsCall | None = flow.metadata.get("forge_ws_call")
+        if message.from_client:
+            if not message.is_text or '"response.create"' not in message.text[:_WS_HEAD_CHARS * 4]:
+                return
+            if current is not None:
+                self._end_ws(flow, current, "a new response.create arrived before this call ended")
+            capture = self._new_capture(flow, flow.metadata.get("forge_host", flow.request.pretty_host))
+            capture.transport = "websocket"
+            capture.status_code = 101
+            body = message.content
+            capture.request_wire_bytes = len(body)
+            capture.request_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction) if self.config else body
+            if not self._log_begin(capture):
+                return
+            flow.metadata["forge_ws_call"] = _WsCall(capture)
+        elif current is not None:
+            text = message.text if message.is_text else message.content.decode("utf-8", "replace")
+            if current.capture.first_byte_at is None:
+                current.capture.first_byte_at = time.time()
+            current.messages.append(text)
+            if _WS_TERMINAL.search(text[:_WS_HEAD_CHARS]):
+                self._end_ws(flow, current, None)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        current: _WsCall | None = flow.metadata.get("forge_ws_call")
+        if current is not None:
+            reason = flow.error.msg if flow.error else "the WebSocket closed before the response ended"
+            self._end_ws(flow, current, reason)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _new_capture(self, flow: http.HTTPFlow, host: str) -> Capture:
+        assert self.config is not None
+        rollout = self._conn_rollout.get(flow.client_conn.id)
+        source = "proxy_auth" if rollout else None
+        if rollout is None and self.config.rollout:
+            rollout, source = self.config.rollout, "option"
+        headers = flow.metadata.get("forge_headers")
+        path = flow.metadata.get("forge_path")
+        if headers is None or path is None:
+            headers, secrets = redact_headers(flow.request.headers.items(multi=True), self.config.redaction)
+            path, more = redact_query(flow.request.path, self.config.redaction)
+            flow.metadata.update(forge_headers=headers, forge_path=path, forge_secrets=secrets + more,
+                                 forge_host=host)
+        capture = Capture(
+            call_id=new_id(), run_id=self.run_id, transport="http", method=flow.request.method,
+            scheme=flow.request.scheme, host=host, path=path, started_at=time.time(),
+            rollout_id=rollout, rollout_source=source, client_conn_id=flow.client_conn.id,
+            request_headers=headers,
+        )
+        process = self._conn_process.get(flow.client_conn.id)
+        if process is not None and process.done() and (info := process.result()) is not None:
+            capture.pid, capture.process_name, capture.parent_pids = info.pid, info.name, info.parent_pids
+        return capture
+
+    def _begin(self, flow: http.HTTPFlow, host: str) -> None:
+        assert self.config is not None
+        capture = self._new_capture(flow, host)
+        raw = flow.request.raw_content or b""
+        encoding = flow.request.headers.get("content-encoding")
+        capture.request_wire_bytes = len(raw)
+        capture.request_encoding = encoding
+        body = raw
+        if encoding:
+            try:
+                body = decode_body(raw, encoding, self.config.max_body_bytes)
+            except BodyError as e:
+                capture.error = f"request body: {e}"
+        capture.request_body = scrub_body(body, flow.metadata["forge_secrets"], self.config.redaction)
+        if capture.started_at and flow.request.timestamp_end:
+            capture.started_at = flow.request.timestamp_end
+        if self._log_begin(capture):
+            flow.metadata["forge_capture"] = capture
+        elif self.config.on_write_error == "fail":
+            flow.response = _json_response(507, {
+                "error": f"Forge cannot record this call ({self.writer.last_error if self.writer else 'no writer'}); "
+                "refusing to pass it unrecorded (forge_on_write_error=fail)"})
+
+    def _log_begin(self, capture: Capture) -> bool:
+        assert self.writer is not None
+        try:
+            self.writer.begin(capture)
+            return True
+        except OSError as e:
+            self.writer.last_error = f"cannot append to the write-ahead log: {e}"
+            log.error("forge: %s", self.writer.last_error)
+            return False
+
+    def _log_end(self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None) -> None:
+        assert self.writer is not None
+        try:
+            self.writer.end(capture, process)
+        except OSError as e:
+            self.writer.last_error = f"cannot append to the write-ahead log: {e}"
+            log.error("forge: LOST call %s %s: %s", capture.method, capture.path, self.writer.last_error)
+
+    def _end(self, flow: http.HTTPFlow, error: str | None) -> None:
+        capture: Capture = flow.metadata.pop("forge_capture")
+        tee: Tee | None = flow.metadata.pop("forge_tee", None)
+        assert self.config is not None
+        capture.ended_at = time.time()
+        if flow.response is not None:
+            capture.status_code = flow.response.status_code
+            capture.response_headers, _ = redact_headers(flow.response.headers.items(multi=True), self.config.redaction)
+            if tee is not None:
+                body = b"".join(tee.chunks)
+                capture.response_wire_bytes = tee.size
+                capture.response_truncated = tee.truncated
+                capture.first_byte_at = tee.first_at or flow.response.timestamp_start
+            else:
+                body = flow.response.raw_content or b""
+                capture.response_wire_bytes = len(body)
+                capture.first_byte_at = flow.response.timestamp_start
+            capture.response_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
+        if error:
+            capture.error = error
+        self._log_end(capture, self._conn_process.get(flow.client_conn.id))
+
+    def _end_ws(self, flow: http.HTTPFlow, call: _WsCall, error: str | None) -> None:
+        flow.metadata.pop("forge_ws_call", None)
+        capture = call.capture
+        capture.ended_at = time.time()
+        capture.stream_events = len(call.messages)
+        body = json.dumps(call.messages, ensure_ascii=False).encode("utf-8")
+        capture.response_wire_bytes = sum(len(m) for m in call.messages)
+        assert self.config is not None
+        capture.response_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
+        if error:
+            capture.error = error
+        self._log_end(capture, self._conn_process.get(flow.client_conn.id))
+
+    def _reroute(self, flow: http.HTTPFlow, host: str) -> None:
+        assert self.config is not None
+        upstream = self.config.upstreams.get(host)
+        if upstream is None:
+            return
+        flow.request.scheme = upstream.scheme
+        flow.request.host = upstream.host
+        flow.request.port = upstream.port
+        if upstream.path_prefix:
+            flow.request.path = upstream.path_prefix + flow.request.path
+        flow.request.headers["host"] = f"{upstream.host}:{upstream.port}"
+        capture: Capture | None = flow.metadata.get("forge_capture")
+        if capture is not None:
+            capture.upstream_url = upstream.base_url
+
+
+def _looks_like_model_call(flow: http.HTTPFlow) -> bool:
+    """A POST no adapter owns whose JSON body names a model: recorded with a parse_error."""
+    if flow.request.method != "POST" or "json" not in flow.request.headers.get("content-type", ""):
+        return False
+    try:
+        body = json.loads(flow.request.get_content(strict=False) or b"")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(body, dict) and "model" in body and any(k in body for k in ("messages", "input", "prompt"))
+
+
+def _json_response(status: int, body: dict[str, Any]) -> http.Response:
+    return http.Response.make(status, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+def _check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".forge-probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise cfg.ConfigError(f"forge_dir {directory} is not writable ({e}); Forge refuses to start "
+                              "rather than pass calls unrecorded") from e
+
+
+addons = [ForgeAddon()]

