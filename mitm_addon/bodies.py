@@ -26,13 +26,13 @@ def _decode_one(data: bytes, coding: str, limit: int) -> bytes:
     if coding in ("identity", ""):
         return data
     try:
-        if coding in ("gzip", "x-gzip", "deflate"):
-            wbits = 16 + zlib.MAX_WBITS if coding != "deflate" else zlib.MAX_WBITS
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(data, limit + 1)
-            if coding == "deflate" and not out and data:
-                d = zlib.decompressobj(-zlib.MAX_WBITS)
-                out = d.decompress(data, limit + 1)
+        if coding in ("gzip", "x-gzip"):
+            out = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, limit + 1)
+        elif coding == "deflate":
+            try:  # RFC 9110 deflate is zlib-wrapped; some clients send raw deflate
+                out = zlib.decompressobj(zlib.MAX_WBITS).decompress(data, limit + 1)
+            except zlib.error:
+                out = zlib.decompressobj(-zlib.MAX_WBITS).decompress(data, limit + 1)
         elif coding == "zstd":
             reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
             out = reader.read(limit + 1)

@@ -141,7 +141,7 @@ class ForgeAddon:
         loader.add_option("forge_ready_file", str, "", "Written once the addon is recording (for launchers).")
 
     def configure(self, updated: set[str]) -> None:
-        if ctx.options.connection_strategy != "lazy":
+        if "connection_strategy" in ctx.options and ctx.options.connection_strategy != "lazy":
             # LLM hosts may be unreachable (tests, gateways): connect only once we know where to.
             ctx.options.update(connection_strategy="lazy")
         if not any(k.startswith("forge_") for k in updated):

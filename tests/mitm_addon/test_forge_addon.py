@@ -1,0 +1,289 @@
+"""The addon's hooks, called directly through mitmproxy's taddons and tflow."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.test import taddons, tflow
+
+from mitm_addon.forge_addon import ForgeAddon, Tee
+from pipeline.store import connect
+
+WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
+SECRET = "sk-ant-unit-test-secret-0123456789"
+
+
+@contextlib.contextmanager
+def addon_context(a: ForgeAddon) -> Iterator[taddons.context]:
+    """taddons.context, with the event loop it makes outside a running loop closed afterwards."""
+    with taddons.context(a) as tctx:
+        try:
+            yield tctx
+        finally:
+            a.done()
+            tctx.master.event_loop.close()
+
+
+@pytest.fixture
+def addon(tmp_path: Path) -> Iterator[tuple[ForgeAddon, taddons.context]]:
+    a = ForgeAddon()
+    with addon_context(a) as tctx:
+        tctx.configure(
+            a, forge_dir=str(tmp_path / "run"), forge_process_lookup=False, forge_rollout="r-1"
+        )
+        a.running()
+        yield a, tctx
+
+
+def llm_flow(host: str, path: str, body: bytes, **headers: str) -> http.HTTPFlow:
+    f = tflow.tflow()
+    f.request.scheme, f.request.host, f.request.port = "https", host, 443
+    f.request.method, f.request.path = "POST", path
+    f.request.headers.clear()
+    f.request.headers["host"] = host
+    f.request.headers["content-type"] = "application/json"
+    for k, v in headers.items():
+        f.request.headers[k.replace("_", "-")] = v
+    f.request.content = body
+    f.response = None
+    return f
+
+
+def respond(
+    addon: ForgeAddon, f: http.HTTPFlow, status: int, content_type: str, chunks: list[bytes]
+) -> bytes:
+    """Drive responseheaders -> stream chunks -> response, as mitmproxy does; returns what the client got."""
+    f.response = http.Response.make(status, b"", {"content-type": content_type})
+    addon.responseheaders(f)
+    stream = f.response.stream
+    assert isinstance(stream, Tee), "LLM responses must be teed, not buffered"
+    delivered = b"".join(stream(c) for c in chunks)
+    f.response.content = None
+    addon.response(f)
+    return delivered
+
+
+def rows(run: Path, sql: str = "SELECT * FROM calls ORDER BY call_id") -> list[dict[str, object]]:
+    con = connect(run)
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def test_streamed_call_is_teed_unchanged_and_recorded(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    body = (WIRE / "anthropic_messages" / "request_tool.json").read_bytes()
+    f = llm_flow("api.anthropic.com", "/v1/messages?beta=true", body, x_api_key=SECRET)
+    a.request(f)
+    sse = (WIRE / "anthropic_messages" / "stream_tool.sse").read_bytes()
+    chunks = [sse[i : i + 97] for i in range(0, len(sse), 97)]
+    delivered = respond(a, f, 200, "text/event-stream; charset=utf-8", chunks)
+    assert delivered == sse
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["api"] == "anthropic_messages" and row["transport"] == "sse"
+    assert (
+        row["status"] == "complete"
+        and row["rollout_id"] == "r-1"
+        and row["rollout_source"] == "option"
+    )
+    assert row["tool_calls"] and row["stop_reason"] == "tool_use"
+    assert row["request_headers"]["x-api-key"] == "[REDACTED]"
+
+
+def test_other_hosts_are_tunnelled_without_interception(addon) -> None:
+    a, _ = addon
+    from mitmproxy.proxy import context
+    from mitmproxy.tls import ClientHello, ClientHelloData
+
+    hello = ClientHello(bytes.fromhex(_CLIENT_HELLO_EXAMPLE_COM))
+    ctx_ = context.Context(tflow.tclient_conn(), None)  # type: ignore[arg-type]
+    ctx_.server = tflow.tserver_conn()
+    ctx_.server.address = ("example.com", 443)
+    data = ClientHelloData(ctx_, hello)
+    a.tls_clienthello(data)
+    assert data.ignore_connection
+
+
+def test_other_hosts_404_answers_locally(addon) -> None:
+    a, tctx = addon
+    tctx.configure(a, forge_other_hosts="404")
+    f = llm_flow("models.dev", "/api.json", b"")
+    f.request.method = "GET"
+    a.request(f)
+    assert f.response is not None and f.response.status_code == 404
+
+
+def test_upstream_option_reroutes_the_call(addon) -> None:
+    a, tctx = addon
+    tctx.configure(a, forge_upstream="api.openai.com=http://127.0.0.1:9/base")
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    f = llm_flow("api.openai.com", "/v1/chat/completions", body, authorization=f"Bearer {SECRET}")
+    a.request(f)
+    assert (f.request.scheme, f.request.host, f.request.port) == ("http", "127.0.0.1", 9)
+    assert f.request.path == "/base/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("forge_mode", "train"),
+        ("forge_upstream", "api.openai.com"),
+        ("forge_upstream", "api.openai.com=ftp://x"),
+        ("forge_other_hosts", "drop"),
+        ("forge_hosts", " , "),
+        ("forge_redact", "re:("),
+        ("forge_rotate_rows", "0"),
+        ("forge_on_write_error", "ignore"),
+    ],
+)
+def test_bad_option_values_raise_options_error(addon, option: str, value: str) -> None:
+    a, tctx = addon
+    with pytest.raises(exceptions.OptionsError):
+        tctx.options.set(f"{option}={value}")
+
+
+def test_unwritable_forge_dir_refuses_to_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    a = ForgeAddon()
+    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match="not writable"):
+        tctx.configure(a, forge_dir=str(blocker / "run"))
+
+
+def test_unconfigured_addon_refuses_llm_calls_rather_than_pass_them_unrecorded() -> None:
+    a = ForgeAddon()
+    with addon_context(a) as tctx:
+        tctx.configure(a, forge_process_lookup=False)
+        f = llm_flow("api.openai.com", "/v1/chat/completions", b"{}")
+        a.request(f)
+        assert f.response is not None and f.response.status_code == 503
+        assert b"forge_dir" in f.response.content
+
+
+def test_non_model_requests_are_counted_not_recorded(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    f = llm_flow("api.openai.com", "/v1/models", b"")
+    f.request.method = "GET"
+    a.request(f)
+    assert "forge_capture" not in f.metadata
+    f.response = http.Response.make(200, b'{"data": []}', {"content-type": "application/json"})
+    a.response(f)
+    a.done()
+    assert rows(tmp_path / "run") == []
+    (ep,) = rows(tmp_path / "run", "SELECT path, requests FROM endpoints")
+    assert ep == {"path": "/v1/models", "requests": 1}
+
+
+def test_unknown_model_call_shape_gets_a_row_with_parse_error(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    f = llm_flow(
+        "api.openai.com", "/v1/completions", json.dumps({"model": "m", "prompt": "hi"}).encode()
+    )
+    a.request(f)
+    respond(a, f, 200, "application/json", [b'{"id": "cmpl-1", "choices": []}'])
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["api"] == "unknown" and "no adapter" in row["parse_error"]
+
+
+def test_client_closing_after_last_event_still_yields_a_complete_row(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    f = llm_flow("api.openai.com", "/v1/chat/completions", body)
+    a.request(f)
+    f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    a.responseheaders(f)
+    f.response.stream((WIRE / "openai_chat" / "stream_tool.sse").read_bytes())
+    from mitmproxy.flow import Error
+
+    f.error = Error("peer closed connection")
+    a.error(f)
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["status"] == "complete" and row["error"] is None
+
+
+def test_stream_cut_before_its_final_event_is_incomplete(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    f = llm_flow("api.openai.com", "/v1/chat/completions", body)
+    a.request(f)
+    f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    a.responseheaders(f)
+    sse = (WIRE / "openai_chat" / "stream_tool.sse").read_bytes()
+    f.response.stream(sse[: len(sse) // 2])
+    from mitmproxy.flow import Error
+
+    f.error = Error("connection reset by upstream")
+    a.error(f)
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["status"] == "incomplete" and "reset" in row["error"]
+
+
+def test_websocket_responses_calls_are_split_per_response_create(addon, tmp_path: Path) -> None:
+    a, _ = addon
+    f = tflow.twebsocketflow(messages=False)
+    f.request.host, f.request.path, f.request.port = "api.openai.com", "/v1/responses", 443
+    f.request.headers["host"] = "api.openai.com"
+    a.request(f)
+    from mitmproxy import websocket
+
+    create = (WIRE / "openai_responses" / "ws_request.json").read_text()
+    server = (WIRE / "openai_responses" / "ws_server.jsonl").read_text().splitlines()
+    for _ in range(2):
+        f.websocket.messages.append(websocket.WebSocketMessage(1, True, create.encode()))
+        a.websocket_message(f)
+        for line in server:
+            f.websocket.messages.append(websocket.WebSocketMessage(1, False, line.encode()))
+            a.websocket_message(f)
+    a.websocket_end(f)
+    a.done()
+    got = rows(tmp_path / "run")
+    assert len(got) == 2
+    assert all(r["transport"] == "websocket" and r["status"] == "complete" for r in got)
+    assert all(r["api"] == "openai_responses" and r["response_id"] for r in got)
+
+
+def test_secret_in_request_body_is_scrubbed_before_disk(addon, tmp_path: Path) -> None:
+    a, tctx = addon
+    tctx.configure(a, forge_redact="re:tok-[a-z]{12}")
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": f"my key is {SECRET} and tok-abcdefghijkl"}],
+        }
+    ).encode()
+    f = llm_flow("api.anthropic.com", "/v1/messages", body, x_api_key=SECRET)
+    a.request(f)
+    respond(
+        a,
+        f,
+        200,
+        "application/json",
+        [(WIRE / "anthropic_messages" / "response_text.json").read_bytes()],
+    )
+    a.done()
+    for p in (tmp_path / "run").rglob("*"):
+        if p.is_file():
+            data = p.read_bytes()
+            assert SECRET.encode() not in data and b"tok-abcdefghijkl" not in data, p
+
+
+# A TLS ClientHello with SNI example.com (captured from curl, trimmed).
+_CLIENT_HELLO_EXAMPLE_COM = (
+    "0303a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
+    "00"  # session id length
+    "0004130113020100"  # cipher suites
+    "0100"  # compression
+    "0016"  # extensions length
+    "0000001000"  # server_name ext header: type 0, len 16
+    "0e00000b6578616d706c652e636f6d"  # list len 14, host_name, len 11, example.com
+    "002b0003020304"  # supported_versions: TLS 1.3
+)

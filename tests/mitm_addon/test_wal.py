@@ -1,0 +1,55 @@
+"""The write-ahead log: frames survive whole or are skipped whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mitm_addon import wal
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([wal.BEGIN, wal.END]), st.binary(max_size=300)), max_size=8),
+    st.integers(min_value=0, max_value=4000),
+)
+def test_a_torn_tail_never_yields_a_partial_frame(
+    frames: list[tuple[int, bytes]], cut: int
+) -> None:
+    data = b"".join(
+        wal.encode_frame(k, b'{"n": %d}' % i, blob) for i, (k, blob) in enumerate(frames)
+    )
+    got, torn = wal.read_frames(data[:cut])
+    assert [(k, b) for k, _, b in got] == frames[: len(got)]
+    assert len(got) == len(frames) or cut < len(data)
+    assert torn == min(cut, len(data)) - sum(
+        len(wal.encode_frame(k, b'{"n": %d}' % i, b)) for i, (k, b) in enumerate(frames[: len(got)])
+    )
+
+
+def test_a_corrupt_frame_stops_reading(tmp_path: Path) -> None:
+    good = wal.encode_frame(wal.END, b"{}", b"abc")
+    bad = bytearray(wal.encode_frame(wal.END, b"{}", b"xyz"))
+    bad[-6] ^= 0xFF
+    got, torn = wal.read_frames(good + bytes(bad) + good)
+    assert len(got) == 1 and torn == len(bad) + len(good)
+
+
+def test_rotation_opens_a_new_segment_and_remove_keeps_the_live_one(tmp_path: Path) -> None:
+    log = wal.Wal(tmp_path)
+    with log.lock:
+        log.append_locked(wal.encode_frame(wal.END, b"{}", b"1"))
+        old = log.rotate_locked()
+        log.append_locked(wal.encode_frame(wal.END, b"{}", b"2"))
+    log.remove(old)
+    assert log.segments() == [log.seq]
+    got, _ = wal.read_frames(log.path(log.seq).read_bytes())
+    assert [b for _, _, b in got] == [b"2"]
+    log.close()
+
+
+def test_segment_files_are_private(tmp_path: Path) -> None:
+    log = wal.Wal(tmp_path)
+    assert log.path(log.seq).stat().st_mode & 0o077 == 0
+    log.close()
