@@ -84,14 +84,22 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
     log_path = out / "proxy.log"
     args = [
         mitmdump_path(),
-        "--listen-host", settings.listen_host,
-        "--listen-port", str(port),
-        "-s", str(ADDON),
-        "--set", f"confdir={confdir}",
-        "--set", f"forge_dir={out}",
-        "--set", f"forge_ready_file={ready}",
-        "--set", "connection_strategy=lazy",
-        "--set", "flow_detail=0",
+        "--listen-host",
+        settings.listen_host,
+        "--listen-port",
+        str(port),
+        "-s",
+        str(ADDON),
+        "--set",
+        f"confdir={confdir}",
+        "--set",
+        f"forge_dir={out}",
+        "--set",
+        f"forge_ready_file={ready}",
+        "--set",
+        "connection_strategy=lazy",
+        "--set",
+        "flow_detail=0",
     ]
     if settings.mode != "regular":
         args += ["--mode", settings.mode]
@@ -105,10 +113,10 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
         args += ["--set", f"forge_other_hosts={settings.other_hosts}"]
     for item in settings.extra:
         args += ["--set", item]
-    log = open(log_path, "ab")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-    log.close()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if ready.exists():
@@ -149,8 +157,11 @@ def stop_proxy_process(process: subprocess.Popen[bytes]) -> int:
 
 
 def system_ca_file() -> Path | None:
-    for candidate in (ssl.get_default_verify_paths().cafile, "/etc/ssl/certs/ca-certificates.crt",
-                      "/etc/pki/tls/certs/ca-bundle.crt"):
+    for candidate in (
+        ssl.get_default_verify_paths().cafile,
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+    ):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     try:
@@ -175,8 +186,9 @@ def ca_bundle(proxy: RunningProxy) -> Path:
     return bundle
 
 
-def harness_env(proxy: RunningProxy, base: dict[str, str], rollout: str | None,
-                proxy_user: str | None = None) -> dict[str, str]:
+def harness_env(
+    proxy: RunningProxy, base: dict[str, str], rollout: str | None, proxy_user: str | None = None
+) -> dict[str, str]:
     """The child's environment: proxy variables and CA trust for every runtime."""
     env = dict(base)
     url = proxy.url if not proxy_user else f"http://{proxy_user}:x@127.0.0.1:{proxy.port}"
@@ -186,8 +198,13 @@ def harness_env(proxy: RunningProxy, base: dict[str, str], rollout: str | None,
     env["NO_PROXY"] = env["no_proxy"] = no_proxy
     bundle = str(ca_bundle(proxy))
     env["NODE_EXTRA_CA_CERTS"] = str(proxy.ca_cert)  # added to Node's store
-    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
-                 "CODEX_CA_CERTIFICATE"):
+    for name in (
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "CODEX_CA_CERTIFICATE",
+    ):
         env[name] = bundle  # these replace the store: system CAs + Forge's
     if rollout:
         env["FORGE_ROLLOUT_ID"] = rollout

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forge_cli import transparent
 from forge_cli.proxy import (
     DEFAULT_CONFDIR,
     ForgeError,
@@ -30,18 +31,55 @@ def add_parser(sub: Any) -> None:
         description="Start Forge's proxy on a free loopback port, run CMD with HTTPS_PROXY and CA "
         "trust set for every runtime, stop the proxy, print a summary, exit with CMD's code.",
     )
-    p.add_argument("--out", type=Path, default=None,
-                   help="run directory (default data/runs/record-<time>)")
-    p.add_argument("--rollout", default=None, help="rollout id of every call (default: the run directory's name)")
-    p.add_argument("--upstream", action="append", default=[], metavar="HOST=URL",
-                   help="send a provider host to another base URL; repeatable")
+    p.add_argument(
+        "--out", type=Path, default=None, help="run directory (default data/runs/record-<time>)"
+    )
+    p.add_argument(
+        "--rollout",
+        default=None,
+        help="rollout id of every call (default: the run directory's name)",
+    )
+    p.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="HOST=URL",
+        help="send a provider host to another base URL; repeatable",
+    )
     p.add_argument("--hosts", default=None, help="comma-separated LLM hosts to intercept")
-    p.add_argument("--other-hosts", choices=("pass", "404"), default=None,
-                   help="hosts outside --hosts: tunnel untouched (pass) or answer 404")
-    p.add_argument("--confdir", type=Path, default=DEFAULT_CONFDIR,
-                   help="mitmproxy directory holding Forge's CA (default ~/.forge/mitmproxy)")
-    p.add_argument("--set", dest="extra", action="append", default=[], metavar="OPTION=VALUE",
-                   help="any other mitmproxy or forge_ option; repeatable")
+    p.add_argument(
+        "--other-hosts",
+        choices=("pass", "404"),
+        default=None,
+        help="hosts outside --hosts: tunnel untouched (pass) or answer 404",
+    )
+    p.add_argument(
+        "--confdir",
+        type=Path,
+        default=DEFAULT_CONFDIR,
+        help="mitmproxy directory holding Forge's CA (default ~/.forge/mitmproxy)",
+    )
+    p.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="any other mitmproxy or forge_ option; repeatable",
+    )
+    p.add_argument(
+        "--transparent",
+        action="store_true",
+        help="for harnesses that ignore proxy variables (Linux, root): run CMD as its own user "
+        f"(--uid, default {transparent.HARNESS_USER}, created if missing) and redirect that "
+        "user's outbound port 443 to the proxy with iptables",
+    )
+    p.add_argument(
+        "--uid",
+        default=None,
+        metavar="UID|USER",
+        help="with --transparent: the user CMD runs as (not root)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=run)
 
@@ -54,19 +92,43 @@ def run(args: argparse.Namespace) -> int:
         raise ForgeError("nothing to run: forge record [OPTIONS] -- CMD [ARGS...]")
     for item in args.upstream:
         if "=" not in item:
-            raise ForgeError(f"--upstream {item!r}: expected HOST=URL, e.g. api.openai.com=http://127.0.0.1:9000")
+            raise ForgeError(
+                f"--upstream {item!r}: expected HOST=URL, e.g. api.openai.com=http://127.0.0.1:9000"
+            )
     out = args.out or Path("data/runs") / time.strftime("record-%Y%m%d-%H%M%S")
+    if args.uid is not None and not args.transparent:
+        raise ForgeError("--uid goes with --transparent")
+    harness = transparent.prepare(args.uid) if args.transparent else None
     rollout = args.rollout or out.resolve().name
-    settings = ProxySettings(out_dir=out, confdir=args.confdir, rollout=rollout,
-                             upstreams=args.upstream, hosts=args.hosts, other_hosts=args.other_hosts,
-                             extra=args.extra)
+    settings = ProxySettings(
+        out_dir=out,
+        confdir=args.confdir,
+        rollout=rollout,
+        upstreams=args.upstream,
+        hosts=args.hosts,
+        other_hosts=args.other_hosts,
+        extra=args.extra,
+        mode="transparent" if harness else "regular",
+    )
     proxy = start_proxy(settings)
-    print(f"forge: proxy on {proxy.url} recording to {out} (log {proxy.log_path})", file=sys.stderr)
-    env = harness_env(proxy, dict(os.environ), rollout)
-    code = _run_child(cmd, env)
-    proxy_code = stop_proxy_process(proxy.process)
+    try:
+        print(
+            f"forge: proxy on {proxy.url} recording to {out} (log {proxy.log_path})",
+            file=sys.stderr,
+        )
+        env = harness_env(proxy, dict(os.environ), rollout)
+        code = (
+            _run_child(cmd, env)
+            if harness is None
+            else transparent.run_harness(cmd, env, proxy, harness)
+        )
+    finally:
+        proxy_code = stop_proxy_process(proxy.process)
     if proxy_code not in (0, -signal.SIGTERM):
-        print(f"forge: warning: the proxy exited with {proxy_code}; see {proxy.log_path}", file=sys.stderr)
+        print(
+            f"forge: warning: the proxy exited with {proxy_code}; see {proxy.log_path}",
+            file=sys.stderr,
+        )
     print_summary(out, proxy.run_id)
     return code
 
@@ -92,12 +154,19 @@ def print_summary(out: Path, run_id: str) -> None:
     total = sum(r[2] for r in rows)
     print(f"forge: recorded {total} LLM call(s) in {out}", file=sys.stderr)
     if rows:
-        print(f"  {'api':<20} {'model':<32} {'calls':>6} {'failed':>6} {'in tok':>9} {'out tok':>9}", file=sys.stderr)
+        print(
+            f"  {'api':<20} {'model':<32} {'calls':>6} {'failed':>6} {'in tok':>9} {'out tok':>9}",
+            file=sys.stderr,
+        )
         for api, model, calls, failed, tin, tout, est in rows:
             mark = "~" if est else " "
-            print(f"  {api:<20} {model:<32} {calls:>6} {failed:>6} {tin:>8}{mark} {tout:>8}{mark}", file=sys.stderr)
+            print(
+                f"  {api:<20} {model:<32} {calls:>6} {failed:>6} {tin:>8}{mark} {tout:>8}{mark}",
+                file=sys.stderr,
+            )
     other = con.execute(
-        "SELECT count(*), coalesce(sum(requests), 0) FROM endpoints WHERE run_id = $run_id", {"run_id": run_id}
+        "SELECT count(*), coalesce(sum(requests), 0) FROM endpoints WHERE run_id = $run_id",
+        {"run_id": run_id},
     ).fetchone()
     if other and other[1]:
         print(f"  other requests to LLM hosts (not model calls): {other[1]}", file=sys.stderr)

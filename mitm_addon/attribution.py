@@ -62,4 +62,6 @@ def describe_process(pid: int) -> ProcessInfo | None:
             continue
         if rollout:
             break
-    return ProcessInfo(pid=pid, name=name, parent_pids=[p.pid for p in chain[1:]], rollout_id=rollout or None)
+    return ProcessInfo(
+        pid=pid, name=name, parent_pids=[p.pid for p in chain[1:]], rollout_id=rollout or None
+    )

@@ -80,7 +80,9 @@ def parse_upstreams(value: str) -> dict[str, Upstream]:
         host, sep, url = part.partition("=")
         host = host.strip().lower()
         if not sep or not host or not url.strip():
-            raise ConfigError(f"forge_upstream: {part!r} is not HOST=URL (e.g. api.openai.com=http://127.0.0.1:9000)")
+            raise ConfigError(
+                f"forge_upstream: {part!r} is not HOST=URL (e.g. api.openai.com=http://127.0.0.1:9000)"
+            )
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"forge_upstream: {url!r} is not an http:// or https:// URL")

@@ -29,7 +29,7 @@ from mitm_addon.attribution import ProcessInfo, lookup_process
 from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.ids import new_id
-from mitm_addon.protocols import find_adapter
+from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.redact import proxy_auth_user, redact_headers, redact_query, scrub_body
 from mitm_addon.writer import Writer
 
@@ -40,7 +40,6 @@ _WS_TERMINAL = re.compile(
     r'"type"\s*:\s*"(response\.completed|response\.failed|response\.incomplete|error)"'
 )
 _WS_HEAD_CHARS = 256
-_RESPONSES_WS_PATHS = ("/v1/responses", "/responses", "/backend-api/codex/responses")
 
 
 class Tee:
@@ -91,54 +90,88 @@ class ForgeAddon:
 
     def load(self, loader: Loader) -> None:
         loader.add_option(
-            "forge_dir", str, "",
+            "forge_dir",
+            str,
+            "",
             "Directory the recorded calls go to (Parquet shards under calls/ and messages/, "
             "a write-ahead log under wal/). Created if absent; must be writable.",
         )
-        loader.add_option("forge_mode", str, "record", "record: pass calls through to the provider and record them.")
         loader.add_option(
-            "forge_rollout", Optional[str], None,
+            "forge_mode",
+            str,
+            "record",
+            "record: pass calls through to the provider and record them.",
+        )
+        loader.add_option(
+            "forge_rollout",
+            Optional[str],  # type: ignore[arg-type]  # noqa: UP045 - mitmproxy's option types
+            None,
             "Rollout id for calls that carry none in their proxy credentials "
             "(HTTPS_PROXY=http://ROLLOUT:x@host:port) .",
         )
         loader.add_option(
-            "forge_hosts", str, ",".join(cfg.DEFAULT_HOSTS),
+            "forge_hosts",
+            str,
+            ",".join(cfg.DEFAULT_HOSTS),
             "Comma-separated LLM hosts to intercept (*.example.com wildcards allowed). "
             "Every other host is tunnelled untouched or refused, per forge_other_hosts.",
         )
         loader.add_option(
-            "forge_upstream", str, "",
+            "forge_upstream",
+            str,
+            "",
             "Send a provider host to another base URL: "
             "api.openai.com=http://127.0.0.1:9000,api.anthropic.com=https://gateway.example .",
         )
         loader.add_option(
-            "forge_other_hosts", str, "pass",
+            "forge_other_hosts",
+            str,
+            "pass",
             "Hosts outside forge_hosts: pass (tunnel untouched, no forged certificate) or 404 "
             "(answer 404 locally; on a machine without internet, catalog fetchers then fall back).",
         )
         loader.add_option(
-            "forge_redact", str, "",
+            "forge_redact",
+            str,
+            "",
             "Extra secrets to keep off disk, comma-separated: header:NAME, param:NAME or re:PATTERN "
             "(a bare NAME is a header). Authorization, API-key headers, cookies, proxy passwords "
             "and key-like query parameters are always removed.",
         )
-        loader.add_option("forge_rotate_rows", int, 5000, "Start a new shard after this many calls.")
-        loader.add_option("forge_rotate_bytes", int, 64 * 1024 * 1024, "Start a new shard after this many body bytes.")
-        loader.add_option("forge_rotate_seconds", int, 60, "Start a new shard after this many seconds.")
         loader.add_option(
-            "forge_max_body_bytes", int, 256 * 1024 * 1024,
+            "forge_rotate_rows", int, 5000, "Start a new shard after this many calls."
+        )
+        loader.add_option(
+            "forge_rotate_bytes",
+            int,
+            64 * 1024 * 1024,
+            "Start a new shard after this many body bytes.",
+        )
+        loader.add_option(
+            "forge_rotate_seconds", int, 60, "Start a new shard after this many seconds."
+        )
+        loader.add_option(
+            "forge_max_body_bytes",
+            int,
+            256 * 1024 * 1024,
             "Bodies past this size still pass through, but are not kept whole (the row says so).",
         )
         loader.add_option(
-            "forge_on_write_error", str, "fail",
+            "forge_on_write_error",
+            str,
+            "fail",
             "When a call cannot be logged (disk full, directory gone): fail (answer the harness "
             "507 so nothing passes unrecorded) or warn (pass the call and log an error).",
         )
         loader.add_option(
-            "forge_process_lookup", bool, True,
+            "forge_process_lookup",
+            bool,
+            True,
             "Find the client process of each connection (pid, ancestors, FORGE_ROLLOUT_ID).",
         )
-        loader.add_option("forge_ready_file", str, "", "Written once the addon is recording (for launchers).")
+        loader.add_option(
+            "forge_ready_file", str, "", "Written once the addon is recording (for launchers)."
+        )
 
     def configure(self, updated: set[str]) -> None:
         if "connection_strategy" in ctx.options and ctx.options.connection_strategy != "lazy":
@@ -155,13 +188,19 @@ class ForgeAddon:
                 rollout=o.forge_rollout or None,
                 hosts=cfg.parse_hosts(o.forge_hosts),
                 upstreams=cfg.parse_upstreams(o.forge_upstream),
-                other_hosts=cfg.parse_choice("forge_other_hosts", o.forge_other_hosts, cfg.OTHER_HOSTS),
+                other_hosts=cfg.parse_choice(
+                    "forge_other_hosts", o.forge_other_hosts, cfg.OTHER_HOSTS
+                ),
                 redaction=cfg.parse_redaction(o.forge_redact),
                 rotate_rows=int(cfg.parse_positive("forge_rotate_rows", o.forge_rotate_rows)),
                 rotate_bytes=int(cfg.parse_positive("forge_rotate_bytes", o.forge_rotate_bytes)),
                 rotate_seconds=cfg.parse_positive("forge_rotate_seconds", o.forge_rotate_seconds),
-                max_body_bytes=int(cfg.parse_positive("forge_max_body_bytes", o.forge_max_body_bytes)),
-                on_write_error=cfg.parse_choice("forge_on_write_error", o.forge_on_write_error, ("fail", "warn")),
+                max_body_bytes=int(
+                    cfg.parse_positive("forge_max_body_bytes", o.forge_max_body_bytes)
+                ),
+                on_write_error=cfg.parse_choice(
+                    "forge_on_write_error", o.forge_on_write_error, ("fail", "warn")
+                ),
                 process_lookup=o.forge_process_lookup,
             )
             if out is not None:
@@ -186,13 +225,19 @@ class ForgeAddon:
         if report.segments:
             log.warning(
                 "forge: recovered %d calls (%d incomplete) from the write-ahead log of an earlier run",
-                report.calls, report.incomplete,
+                report.calls,
+                report.incomplete,
             )
-        log.info("forge: recording %s to %s", ",".join(sorted(self.config.hosts)), self.config.out_dir)
+        log.info(
+            "forge: recording %s to %s", ",".join(sorted(self.config.hosts)), self.config.out_dir
+        )
         ready = ctx.options.forge_ready_file
         if ready:
-            Path(ready).write_text(json.dumps({"pid": os.getpid(), "run_id": self.run_id,
-                                               "dir": str(self.config.out_dir)}))
+            Path(ready).write_text(
+                json.dumps(
+                    {"pid": os.getpid(), "run_id": self.run_id, "dir": str(self.config.out_dir)}
+                )
+            )
 
     def done(self) -> None:
         if self.writer is not None:
@@ -207,7 +252,9 @@ class ForgeAddon:
             return
         if client.peername[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
             return
-        self._conn_process[client.id] = self._lookups.submit(lookup_process, client.peername[1], os.getpid())
+        self._conn_process[client.id] = self._lookups.submit(
+            lookup_process, client.peername[1], os.getpid()
+        )
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._conn_rollout.pop(client.id, None)
@@ -237,14 +284,18 @@ class ForgeAddon:
         host = flow.request.pretty_host.lower()
         if not cfg.host_matches(host, config.hosts):
             if config.other_hosts == "404":
-                flow.response = _json_response(404, {"error": f"{host} is not served here (forge_other_hosts=404)"})
+                flow.response = _json_response(
+                    404, {"error": f"{host} is not served here (forge_other_hosts=404)"}
+                )
             return
         if self.config_error or self.writer is None:
-            flow.response = _json_response(503, {"error": f"Forge is not recording: {self.config_error or 'not started'}"})
+            flow.response = _json_response(
+                503, {"error": f"Forge is not recording: {self.config_error or 'not started'}"}
+            )
             return
         method, path = flow.request.method, flow.request.path
         upgrade = flow.request.headers.get("upgrade", "").lower() == "websocket"
-        if upgrade and path.partition("?")[0] in _RESPONSES_WS_PATHS:
+        if upgrade and openai_responses.matches_websocket(path):
             flow.metadata["forge_ws"] = True
         elif find_adapter(method, path) is not None or _looks_like_model_call(flow):
             self._begin(flow, host)
@@ -269,7 +320,9 @@ class ForgeAddon:
         if "forge_capture" in flow.metadata:
             self._end(flow, None)
         elif (host := flow.metadata.get("forge_count")) and self.writer and flow.response:
-            self.writer.count_endpoint(host, flow.request.method, flow.request.path, flow.response.status_code)
+            self.writer.count_endpoint(
+                host, flow.request.method, flow.request.path, flow.response.status_code
+            )
 
     def error(self, flow: http.HTTPFlow) -> None:
         if "forge_capture" in flow.metadata:
@@ -283,16 +336,22 @@ class ForgeAddon:
         message = flow.websocket.messages[-1]
         current: _WsCall | None = flow.metadata.get("forge_ws_call")
         if message.from_client:
-            if not message.is_text or '"response.create"' not in message.text[:_WS_HEAD_CHARS * 4]:
+            if not message.is_text or '"response.create"' not in message.text[: _WS_HEAD_CHARS * 4]:
                 return
             if current is not None:
                 self._end_ws(flow, current, "a new response.create arrived before this call ended")
-            capture = self._new_capture(flow, flow.metadata.get("forge_host", flow.request.pretty_host))
+            capture = self._new_capture(
+                flow, flow.metadata.get("forge_host", flow.request.pretty_host)
+            )
             capture.transport = "websocket"
             capture.status_code = 101
             body = message.content
             capture.request_wire_bytes = len(body)
-            capture.request_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction) if self.config else body
+            capture.request_body = (
+                scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
+                if self.config
+                else body
+            )
             if not self._log_begin(capture):
                 return
             flow.metadata["forge_ws_call"] = _WsCall(capture)
@@ -307,7 +366,9 @@ class ForgeAddon:
     def websocket_end(self, flow: http.HTTPFlow) -> None:
         current: _WsCall | None = flow.metadata.get("forge_ws_call")
         if current is not None:
-            reason = flow.error.msg if flow.error else "the WebSocket closed before the response ended"
+            reason = (
+                flow.error.msg if flow.error else "the WebSocket closed before the response ended"
+            )
             self._end_ws(flow, current, reason)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -321,19 +382,37 @@ class ForgeAddon:
         headers = flow.metadata.get("forge_headers")
         path = flow.metadata.get("forge_path")
         if headers is None or path is None:
-            headers, secrets = redact_headers(flow.request.headers.items(multi=True), self.config.redaction)
+            headers, secrets = redact_headers(
+                flow.request.headers.items(multi=True), self.config.redaction
+            )
             path, more = redact_query(flow.request.path, self.config.redaction)
-            flow.metadata.update(forge_headers=headers, forge_path=path, forge_secrets=secrets + more,
-                                 forge_host=host)
+            flow.metadata.update(
+                forge_headers=headers,
+                forge_path=path,
+                forge_secrets=secrets + more,
+                forge_host=host,
+            )
         capture = Capture(
-            call_id=new_id(), run_id=self.run_id, transport="http", method=flow.request.method,
-            scheme=flow.request.scheme, host=host, path=path, started_at=time.time(),
-            rollout_id=rollout, rollout_source=source, client_conn_id=flow.client_conn.id,
+            call_id=new_id(),
+            run_id=self.run_id,
+            transport="http",
+            method=flow.request.method,
+            scheme=flow.request.scheme,
+            host=host,
+            path=path,
+            started_at=time.time(),
+            rollout_id=rollout,
+            rollout_source=source,
+            client_conn_id=flow.client_conn.id,
             request_headers=headers,
         )
         process = self._conn_process.get(flow.client_conn.id)
         if process is not None and process.done() and (info := process.result()) is not None:
-            capture.pid, capture.process_name, capture.parent_pids = info.pid, info.name, info.parent_pids
+            capture.pid, capture.process_name, capture.parent_pids = (
+                info.pid,
+                info.name,
+                info.parent_pids,
+            )
         return capture
 
     def _begin(self, flow: http.HTTPFlow, host: str) -> None:
@@ -349,15 +428,22 @@ class ForgeAddon:
                 body = decode_body(raw, encoding, self.config.max_body_bytes)
             except BodyError as e:
                 capture.error = f"request body: {e}"
-        capture.request_body = scrub_body(body, flow.metadata["forge_secrets"], self.config.redaction)
+        capture.request_body = scrub_body(
+            body, flow.metadata["forge_secrets"], self.config.redaction
+        )
         if capture.started_at and flow.request.timestamp_end:
             capture.started_at = flow.request.timestamp_end
         if self._log_begin(capture):
             flow.metadata["forge_capture"] = capture
         elif self.config.on_write_error == "fail":
-            flow.response = _json_response(507, {
-                "error": f"Forge cannot record this call ({self.writer.last_error if self.writer else 'no writer'}); "
-                "refusing to pass it unrecorded (forge_on_write_error=fail)"})
+            flow.response = _json_response(
+                507,
+                {
+                    "error": "Forge cannot record this call "
+                    f"({self.writer.last_error if self.writer else 'no writer'}); "
+                    "refusing to pass it unrecorded (forge_on_write_error=fail)"
+                },
+            )
 
     def _log_begin(self, capture: Capture) -> bool:
         assert self.writer is not None
@@ -369,13 +455,17 @@ class ForgeAddon:
             log.error("forge: %s", self.writer.last_error)
             return False
 
-    def _log_end(self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None) -> None:
+    def _log_end(
+        self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
+    ) -> None:
         assert self.writer is not None
         try:
             self.writer.end(capture, process)
         except OSError as e:
             self.writer.last_error = f"cannot append to the write-ahead log: {e}"
-            log.error("forge: LOST call %s %s: %s", capture.method, capture.path, self.writer.last_error)
+            log.error(
+                "forge: LOST call %s %s: %s", capture.method, capture.path, self.writer.last_error
+            )
 
     def _end(self, flow: http.HTTPFlow, error: str | None) -> None:
         capture: Capture = flow.metadata.pop("forge_capture")
@@ -384,7 +474,9 @@ class ForgeAddon:
         capture.ended_at = time.time()
         if flow.response is not None:
             capture.status_code = flow.response.status_code
-            capture.response_headers, _ = redact_headers(flow.response.headers.items(multi=True), self.config.redaction)
+            capture.response_headers, _ = redact_headers(
+                flow.response.headers.items(multi=True), self.config.redaction
+            )
             if tee is not None:
                 body = b"".join(tee.chunks)
                 capture.response_wire_bytes = tee.size
@@ -394,7 +486,9 @@ class ForgeAddon:
                 body = flow.response.raw_content or b""
                 capture.response_wire_bytes = len(body)
                 capture.first_byte_at = flow.response.timestamp_start
-            capture.response_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
+            capture.response_body = scrub_body(
+                body, flow.metadata.get("forge_secrets", ()), self.config.redaction
+            )
         if error:
             capture.error = error
         self._log_end(capture, self._conn_process.get(flow.client_conn.id))
@@ -407,7 +501,9 @@ class ForgeAddon:
         body = json.dumps(call.messages, ensure_ascii=False).encode("utf-8")
         capture.response_wire_bytes = sum(len(m) for m in call.messages)
         assert self.config is not None
-        capture.response_body = scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
+        capture.response_body = scrub_body(
+            body, flow.metadata.get("forge_secrets", ()), self.config.redaction
+        )
         if error:
             capture.error = error
         self._log_end(capture, self._conn_process.get(flow.client_conn.id))
@@ -436,11 +532,17 @@ def _looks_like_model_call(flow: http.HTTPFlow) -> bool:
         body = json.loads(flow.request.get_content(strict=False) or b"")
     except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(body, dict) and "model" in body and any(k in body for k in ("messages", "input", "prompt"))
+    return (
+        isinstance(body, dict)
+        and "model" in body
+        and any(k in body for k in ("messages", "input", "prompt"))
+    )
 
 
 def _json_response(status: int, body: dict[str, Any]) -> http.Response:
-    return http.Response.make(status, json.dumps(body).encode(), {"content-type": "application/json"})
+    return http.Response.make(
+        status, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
 
 
 def _check_writable(directory: Path) -> None:
@@ -450,8 +552,10 @@ def _check_writable(directory: Path) -> None:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
-        raise cfg.ConfigError(f"forge_dir {directory} is not writable ({e}); Forge refuses to start "
-                              "rather than pass calls unrecorded") from e
+        raise cfg.ConfigError(
+            f"forge_dir {directory} is not writable ({e}); Forge refuses to start "
+            "rather than pass calls unrecorded"
+        ) from e
 
 
 addons = [ForgeAddon()]

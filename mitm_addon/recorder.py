@@ -54,7 +54,9 @@ def _ms(end: float | None, start: float | None) -> float | None:
     return (end - start) * 1000.0 if end is not None and start is not None else None
 
 
-def _item_row(h: str, parent: str | None, canonical: str, item: Any, call_id: str, kind: str) -> dict[str, Any]:
+def _item_row(
+    h: str, parent: str | None, canonical: str, item: Any, call_id: str, kind: str
+) -> dict[str, Any]:
     role = item.get("role") if isinstance(item, dict) else None
     item_type = item.get("type") if isinstance(item, dict) else None
     return {
@@ -84,7 +86,9 @@ def parse_request_body(capture: Capture, limit: int) -> tuple[str, ParsedRequest
     return adapter.api, adapter.parse_request(body)
 
 
-def parse_response_body(capture: Capture, api: str, limit: int) -> tuple[ParsedResponse, int | None]:
+def parse_response_body(
+    capture: Capture, api: str, limit: int
+) -> tuple[ParsedResponse, int | None]:
     """(parsed response, number of stream events); raises ParseError or BodyError."""
     if capture.transport == "websocket":
         messages = json.loads(capture.response_body or b"[]")
@@ -94,7 +98,9 @@ def parse_response_body(capture: Capture, api: str, limit: int) -> tuple[ParsedR
     adapter = find_adapter(capture.method, capture.path)
     if adapter is None or adapter.api != api:
         raise ParseError(f"no adapter for {capture.method} {capture.path}")
-    raw = decode_body(capture.response_body, capture.response_headers.get("content-encoding"), limit)
+    raw = decode_body(
+        capture.response_body, capture.response_headers.get("content-encoding"), limit
+    )
     if capture.transport == "sse":
         events = sse.parse_sse(raw)
         return adapter.parse_stream(events), len(events)
@@ -164,10 +170,20 @@ def build_rows(
     if request is not None:
         params_canonical = canonical_json(request.params)
         params_hash = item_hash(params_canonical, None)
-        messages.append(_item_row(params_hash, None, params_canonical, request.params, capture.call_id, "params"))
-        parent = previous_response_head(request.previous_response_id) if request.previous_response_id else None
+        messages.append(
+            _item_row(
+                params_hash, None, params_canonical, request.params, capture.call_id, "params"
+            )
+        )
+        parent = (
+            previous_response_head(request.previous_response_id)
+            if request.previous_response_id
+            else None
+        )
         for h, p, canonical in chain_hashes(request.items, parent):
-            messages.append(_item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item"))
+            messages.append(
+                _item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item")
+            )
         head = messages[-1]["hash"] if request.items else parent
         row.update(
             model=request.model,
@@ -195,14 +211,18 @@ def build_rows(
     if response is not None:
         out_rows = chain_hashes(response.output_items, head)
         for h, p, canonical in out_rows:
-            messages.append(_item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item"))
+            messages.append(
+                _item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item")
+            )
         usage = response.usage
         row.update(
             response_id=response.response_id,
             response_model=response.model,
             response_head_hash=out_rows[-1][0] if out_rows else None,
             response_items=len(out_rows),
-            response_json=canonical_json(response.response) if response.response is not None else None,
+            response_json=canonical_json(response.response)
+            if response.response is not None
+            else None,
             stop_reason=response.stop_reason,
             tool_calls=response.tool_calls,
         )
@@ -216,7 +236,9 @@ def build_rows(
             )
         elif estimate_tokens is not None and request is not None:
             row.update(
-                input_tokens=estimate_tokens(canonical_json(request.items) + canonical_json(request.params)),
+                input_tokens=estimate_tokens(
+                    canonical_json(request.items) + canonical_json(request.params)
+                ),
                 output_tokens=estimate_tokens(canonical_json(response.output_items)),
                 usage_estimated=True,
             )

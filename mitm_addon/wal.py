@@ -15,7 +15,6 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 

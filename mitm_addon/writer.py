@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from mitm_addon import wal as wal_mod
@@ -81,7 +80,9 @@ class Writer:
             self.wal.append_locked(frame)
             self._open[capture.call_id] = frame
 
-    def end(self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None) -> None:
+    def end(
+        self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
+    ) -> None:
         """Log a finished call and queue it for parsing. Raises OSError when it cannot be logged."""
         header, blob = capture.to_frame()
         frame = wal_mod.encode_frame(wal_mod.END, dumps(header), blob)
@@ -100,7 +101,9 @@ class Writer:
         """Load what earlier runs stored, recover their WAL, start the worker."""
         report = RecoveryReport(temporaries=remove_stale_temporaries(self.root))
         self._seen = {r["hash"] for r in read_column_values(self.root, "messages", ["hash"])}
-        for r in read_column_values(self.root, "calls", ["call_id", "response_id", "response_head_hash"]):
+        for r in read_column_values(
+            self.root, "calls", ["call_id", "response_id", "response_head_hash"]
+        ):
             self._call_ids.add(r["call_id"])
             if r["response_id"] and r["response_head_hash"]:
                 self._responses[r["response_id"]] = r["response_head_hash"]
@@ -167,7 +170,9 @@ class Writer:
                 self.wal.append_locked(frame)
             self._queue.put(("flush", old, None))
 
-    def _add(self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None) -> None:
+    def _add(
+        self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
+    ) -> None:
         if process is not None:
             try:
                 info = process.result(timeout=_PROCESS_WAIT_S)
@@ -212,8 +217,15 @@ class Writer:
             if endpoints:
                 now = datetime.now(UTC)
                 rows = [
-                    {"run_id": self.run_id, "window_end": now, "host": h, "method": m, "path": p,
-                     "status_code": s, "requests": n}
+                    {
+                        "run_id": self.run_id,
+                        "window_end": now,
+                        "host": h,
+                        "method": m,
+                        "path": p,
+                        "status_code": s,
+                        "requests": n,
+                    }
                     for (h, m, p, s), n in endpoints.items()
                 ]
                 write_shard(self.root, "endpoints", name, rows)
@@ -259,7 +271,10 @@ class Writer:
         if self.last_error is None:
             self.wal.remove(segments[-1])
         if report.torn_bytes:
-            log.warning("forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)", report.torn_bytes)
+            log.warning(
+                "forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)",
+                report.torn_bytes,
+            )
 
 
 ProcessLookup = Callable[[int, int], ProcessInfo | None]

@@ -23,10 +23,23 @@ def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Fie
 # One row per intercepted LLM call. Grain: call_id.
 CALLS = pa.schema(
     [
-        _f("call_id", pa.string(), "Sortable id: 12 hex digits of ms since the epoch, a counter, random digits.", False),
-        _f("run_id", pa.string(), "Id of the proxy process that recorded the call (one per mitmdump start)."),
+        _f(
+            "call_id",
+            pa.string(),
+            "Sortable id: 12 hex digits of ms since the epoch, a counter, random digits.",
+            False,
+        ),
+        _f(
+            "run_id",
+            pa.string(),
+            "Id of the proxy process that recorded the call (one per mitmdump start).",
+        ),
         _f("rollout_id", pa.string(), "Rollout the call belongs to."),
-        _f("rollout_source", pa.string(), "Where rollout_id came from: proxy_auth, option, process_env, or null."),
+        _f(
+            "rollout_source",
+            pa.string(),
+            "Where rollout_id came from: proxy_auth, option, process_env, or null.",
+        ),
         # Harness ids, from request headers.
         _f("claude_session_id", pa.string(), "Header x-claude-code-session-id."),
         _f("claude_agent_id", pa.string(), "Header x-claude-code-agent-id."),
@@ -44,61 +57,147 @@ CALLS = pa.schema(
         _f("pid", pa.int32(), "Pid of the process that owned the client socket."),
         _f("parent_pids", pa.list_(pa.int32()), "Ancestors of pid, nearest first."),
         _f("process_name", pa.string(), "Name of the process that owned the client socket."),
-        _f("client_conn_id", pa.string(), "mitmproxy's client connection id (calls on one socket share it)."),
+        _f(
+            "client_conn_id",
+            pa.string(),
+            "mitmproxy's client connection id (calls on one socket share it).",
+        ),
         # What was called.
         _f("api", pa.string(), "anthropic_messages, openai_chat, openai_responses, or unknown."),
-        _f("transport", pa.string(), "http (one JSON body), sse (server-sent events) or websocket."),
+        _f(
+            "transport", pa.string(), "http (one JSON body), sse (server-sent events) or websocket."
+        ),
         _f("method", pa.string(), "HTTP method."),
         _f("host", pa.string(), "Provider host the harness addressed (before forge_upstream)."),
         _f("path", pa.string(), "Request path, query string redacted."),
-        _f("upstream_url", pa.string(), "Base URL the call was sent to when forge_upstream rerouted it."),
+        _f(
+            "upstream_url",
+            pa.string(),
+            "Base URL the call was sent to when forge_upstream rerouted it.",
+        ),
         _f("model", pa.string(), "Model named in the request."),
         _f("response_model", pa.string(), "Model named in the response."),
         _f("stream", pa.bool_(), "The request asked for a stream."),
         # Outcome.
-        _f("status", pa.string(), "complete, error (HTTP >= 400 or API error event), incomplete (stream cut or proxy stopped)."),
+        _f(
+            "status",
+            pa.string(),
+            "complete, error (HTTP >= 400 or API error event), incomplete (stream cut or proxy stopped).",
+        ),
         _f("status_code", pa.int32(), "HTTP status (101 for WebSocket calls)."),
-        _f("error", pa.string(), "Error text: connection error, API error body, or why the call is incomplete."),
-        _f("parse_error", pa.string(), "Why the request or response could not be parsed (the call was still passed through)."),
+        _f(
+            "error",
+            pa.string(),
+            "Error text: connection error, API error body, or why the call is incomplete.",
+        ),
+        _f(
+            "parse_error",
+            pa.string(),
+            "Why the request or response could not be parsed (the call was still passed through).",
+        ),
         _f("started_at", _TS, "Request fully received from the harness."),
         _f("first_byte_at", _TS, "First response byte from upstream."),
         _f("ended_at", _TS, "Response complete (or the call failed)."),
         _f("duration_ms", pa.float64(), "ended_at - started_at in ms."),
         _f("ttfb_ms", pa.float64(), "first_byte_at - started_at in ms."),
         # Usage.
-        _f("input_tokens", pa.int64(), "Prompt tokens as the provider reported them (uncached part for Anthropic)."),
+        _f(
+            "input_tokens",
+            pa.int64(),
+            "Prompt tokens as the provider reported them (uncached part for Anthropic).",
+        ),
         _f("output_tokens", pa.int64(), "Completion tokens."),
         _f("cache_read_tokens", pa.int64(), "Prompt tokens read from the provider's cache."),
         _f("cache_write_tokens", pa.int64(), "Prompt tokens written to the provider's cache."),
-        _f("usage_estimated", pa.bool_(), "Token counts were estimated with tiktoken (o200k_base) because the provider reported none."),
+        _f(
+            "usage_estimated",
+            pa.bool_(),
+            "Token counts were estimated with tiktoken (o200k_base) because the provider reported none.",
+        ),
         # Request, content-addressed.
-        _f("request_params_hash", pa.string(), "Hash of the request body minus its item list (a messages row of kind params)."),
-        _f("request_head_hash", pa.string(), "Hash of the last item of the request's conversation chain."),
+        _f(
+            "request_params_hash",
+            pa.string(),
+            "Hash of the request body minus its item list (a messages row of kind params).",
+        ),
+        _f(
+            "request_head_hash",
+            pa.string(),
+            "Hash of the last item of the request's conversation chain.",
+        ),
         _f("request_list_key", pa.string(), "Body key that holds the items: messages or input."),
-        _f("request_items", pa.int32(), "Number of items the request itself carried (the tail of the chain)."),
-        _f("request_items_form", pa.string(), "list, or string when a Responses input was a bare string."),
+        _f(
+            "request_items",
+            pa.int32(),
+            "Number of items the request itself carried (the tail of the chain).",
+        ),
+        _f(
+            "request_items_form",
+            pa.string(),
+            "list, or string when a Responses input was a bare string.",
+        ),
         _f("request_bytes", pa.int64(), "Request body size on the wire (decompressed)."),
-        _f("request_encoding", pa.string(), "Content-Encoding of the request body (zstd, gzip, br) or null."),
-        _f("request_headers", pa.map_(pa.string(), pa.string()), "Request headers, secrets removed."),
+        _f(
+            "request_encoding",
+            pa.string(),
+            "Content-Encoding of the request body (zstd, gzip, br) or null.",
+        ),
+        _f(
+            "request_headers",
+            pa.map_(pa.string(), pa.string()),
+            "Request headers, secrets removed.",
+        ),
         _f("previous_response_id", pa.string(), "Responses API previous_response_id."),
         _f("tools", pa.list_(pa.string()), "Names of the tools the request offered."),
         # Response.
         _f("response_id", pa.string(), "Provider's id of the response."),
-        _f("response_head_hash", pa.string(), "Hash of the last output item, chained after request_head_hash."),
-        _f("response_items", pa.int32(), "Number of output items (chain rows after request_head_hash)."),
-        _f("response_json", pa.string(), "The response as one JSON body (streams assembled), canonical JSON."),
+        _f(
+            "response_head_hash",
+            pa.string(),
+            "Hash of the last output item, chained after request_head_hash.",
+        ),
+        _f(
+            "response_items",
+            pa.int32(),
+            "Number of output items (chain rows after request_head_hash).",
+        ),
+        _f(
+            "response_json",
+            pa.string(),
+            "The response as one JSON body (streams assembled), canonical JSON.",
+        ),
         _f("response_bytes", pa.int64(), "Response body bytes on the wire."),
-        _f("response_headers", pa.map_(pa.string(), pa.string()), "Response headers, secrets removed."),
+        _f(
+            "response_headers",
+            pa.map_(pa.string(), pa.string()),
+            "Response headers, secrets removed.",
+        ),
         _f("stop_reason", pa.string(), "stop_reason / finish_reason / status of the response."),
         _f("tool_calls", pa.list_(pa.string()), "Names of the tools the response called."),
         _f("stream_events", pa.int32(), "SSE events or WebSocket messages received."),
         # Serve mode (token ids; null in record mode).
-        _f("policy_version", pa.int64(), "Version of the policy weights that produced the completion."),
+        _f(
+            "policy_version",
+            pa.int64(),
+            "Version of the policy weights that produced the completion.",
+        ),
         _f("drift", pa.string(), "CLEAN, REALIGN or FORK (serve mode)."),
-        _f("prompt_ids", pa.list_(pa.int32()), "Prompt token ids (for CLEAN calls only the delta after the parent's prompt + completion)."),
-        _f("prompt_parent_call_id", pa.string(), "Call whose prompt + completion prefix prompt_ids extends (CLEAN calls)."),
+        _f(
+            "prompt_ids",
+            pa.list_(pa.int32()),
+            "Prompt token ids (for CLEAN calls only the delta after the parent's prompt + completion).",
+        ),
+        _f(
+            "prompt_parent_call_id",
+            pa.string(),
+            "Call whose prompt + completion prefix prompt_ids extends (CLEAN calls).",
+        ),
         _f("completion_ids", pa.list_(pa.int32()), "Completion token ids."),
-        _f("completion_logprobs", pa.list_(pa.float32()), "Per-token logprobs of completion_ids at sampling."),
+        _f(
+            "completion_logprobs",
+            pa.list_(pa.float32()),
+            "Per-token logprobs of completion_ids at sampling.",
+        ),
         _f("finish_reason", pa.string(), "Policy server's finish reason."),
     ]
 )
@@ -107,11 +206,28 @@ CALLS = pa.schema(
 # Grain: hash (written once per run directory).
 MESSAGES = pa.schema(
     [
-        _f("hash", pa.string(), "m1 hash over canonical JSON and parent hash (see pipeline.canonical).", False),
-        _f("parent_hash", pa.string(), "Previous item of the chain; null for the first item and for params."),
-        _f("kind", pa.string(), "item (a conversation item) or params (a request body minus its items)."),
+        _f(
+            "hash",
+            pa.string(),
+            "m1 hash over canonical JSON and parent hash (see pipeline.canonical).",
+            False,
+        ),
+        _f(
+            "parent_hash",
+            pa.string(),
+            "Previous item of the chain; null for the first item and for params.",
+        ),
+        _f(
+            "kind",
+            pa.string(),
+            "item (a conversation item) or params (a request body minus its items).",
+        ),
         _f("role", pa.string(), "role of the item where it has one."),
-        _f("item_type", pa.string(), "type of the item where it has one (message, function_call, ...)."),
+        _f(
+            "item_type",
+            pa.string(),
+            "type of the item where it has one (message, function_call, ...).",
+        ),
         _f("content_json", pa.string(), "Canonical JSON of the item."),
         _f("content_bytes", pa.int64(), "Bytes of content_json."),
         _f("first_call_id", pa.string(), "The call that first stored this row."),
@@ -142,8 +258,12 @@ def with_version(schema: pa.Schema) -> pa.Schema:
 
 def render_markdown() -> str:
     """The schema page: one table per relation, generated from the fields."""
-    lines = [f"# Shard schema (version {SCHEMA_VERSION})", "",
-             "Generated by `python -m pipeline.schema`; do not edit by hand.", ""]
+    lines = [
+        f"# Shard schema (version {SCHEMA_VERSION})",
+        "",
+        "Generated by `python -m pipeline.schema`; do not edit by hand.",
+        "",
+    ]
     for name, schema in TABLES.items():
         lines += [f"## `{name}`", "", "| column | type | meaning |", "| --- | --- | --- |"]
         for field in schema:

@@ -20,13 +20,27 @@ WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
 def capture(i: int, turns: int = 1) -> Capture:
     messages = []
     for t in range(turns):
-        messages += [{"role": "user", "content": f"question {t}"}, {"role": "assistant", "content": f"answer {t}"}]
-    body = {"model": "claude-test", "max_tokens": 100, "system": "You are terse.",
-            "messages": messages + [{"role": "user", "content": f"call {i}"}]}
+        messages += [
+            {"role": "user", "content": f"question {t}"},
+            {"role": "assistant", "content": f"answer {t}"},
+        ]
+    body = {
+        "model": "claude-test",
+        "max_tokens": 100,
+        "system": "You are terse.",
+        "messages": messages + [{"role": "user", "content": f"call {i}"}],
+    }
     return Capture(
-        call_id=f"{i:024d}", run_id="run-test", transport="http", method="POST", scheme="https",
-        host="api.anthropic.com", path="/v1/messages", started_at=time.time(),
-        request_body=json.dumps(body).encode(), status_code=200,
+        call_id=f"{i:024d}",
+        run_id="run-test",
+        transport="http",
+        method="POST",
+        scheme="https",
+        host="api.anthropic.com",
+        path="/v1/messages",
+        started_at=time.time(),
+        request_body=json.dumps(body).encode(),
+        status_code=200,
         response_headers={"content-type": "application/json"},
         response_body=(WIRE / "anthropic_messages" / "response_text.json").read_bytes(),
         ended_at=time.time(),
@@ -48,7 +62,9 @@ def test_calls_left_in_the_wal_by_a_crash_are_recovered_once(tmp_path: Path) -> 
     report = recovered.start()
     recovered.stop()
     assert (report.calls, report.incomplete) == (5, 1)
-    rows = connect(tmp_path).execute("SELECT call_id, status FROM calls ORDER BY call_id").fetchall()
+    rows = (
+        connect(tmp_path).execute("SELECT call_id, status FROM calls ORDER BY call_id").fetchall()
+    )
     assert [r[0] for r in rows] == [f"{i:024d}" for i in (0, 1, 2, 3, 4, 99)]
     assert [r[1] for r in rows] == ["complete"] * 5 + ["incomplete"]
     assert list((tmp_path / "wal").glob("*.wal")) == [recovered.wal.path(recovered.wal.seq)]

@@ -1,0 +1,1 @@
+"""Policy serving, rendering, trainers and the collect-then-train loop."""

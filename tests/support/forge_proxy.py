@@ -1,0 +1,74 @@
+"""End-to-end helpers: a real mitmdump running Forge's addon, and SDK clients that use it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+from forge_cli.proxy import ProxySettings, RunningProxy, start_proxy, stop_proxy_process
+
+# Dummy credentials the tests send; a scan checks that none of them reaches disk.
+OPENAI_KEY = "sk-proj-forgetestkey-0123456789abcdefABCDEF"
+ANTHROPIC_KEY = "sk-ant-api03-forgetestkey-0123456789abcdef"
+COOKIE_VALUE = "forge-cookie-0123456789abcdef"
+SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, COOKIE_VALUE)
+
+
+@contextlib.contextmanager
+def forge_proxy(
+    out_dir: Path,
+    confdir: Path,
+    upstreams: dict[str, str],
+    extra: Sequence[str] = (),
+    rollout: str | None = None,
+) -> Iterator[RunningProxy]:
+    """mitmdump -s forge_addon.py on a free loopback port; stopped with SIGTERM (shards flushed)."""
+    settings = ProxySettings(
+        out_dir=out_dir,
+        confdir=confdir,
+        rollout=rollout,
+        upstreams=[f"{h}={u}" for h, u in upstreams.items()],
+        extra=list(extra),
+    )
+    proxy = start_proxy(settings)
+    try:
+        yield proxy
+    finally:
+        stop_proxy_process(proxy.process)
+
+
+def kill_proxy(proxy: RunningProxy) -> None:
+    """SIGKILL: no flush, no clean-up; what survives is what the WAL and shards hold."""
+    os.killpg(proxy.process.pid, signal.SIGKILL)
+    proxy.process.wait(10)
+
+
+def http_client(proxy: RunningProxy, timeout: float = 30.0) -> httpx.Client:
+    return httpx.Client(proxies=proxy.url, verify=str(proxy.ca_cert), timeout=timeout)
+
+
+def openai_client(proxy: RunningProxy):  # type: ignore[no-untyped-def]
+    import openai
+
+    return openai.OpenAI(api_key=OPENAI_KEY, http_client=http_client(proxy), max_retries=0)
+
+
+def anthropic_client(proxy: RunningProxy):  # type: ignore[no-untyped-def]
+    import anthropic
+
+    return anthropic.Anthropic(api_key=ANTHROPIC_KEY, http_client=http_client(proxy), max_retries=0)
+
+
+def files_containing(root: Path, needles: Sequence[str]) -> list[str]:
+    """Every file under root holding any needle (the secrets scan)."""
+    hits = []
+    for p in root.rglob("*"):
+        if p.is_file():
+            data = p.read_bytes()
+            hits += [f"{p}: {n[:12]}..." for n in needles if n.encode() in data]
+    return hits
