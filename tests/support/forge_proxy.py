@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def kill_proxy(proxy: RunningProxy) -> None:
 
 
 def http_client(proxy: RunningProxy, timeout: float = 30.0) -> httpx.Client:
-    return httpx.Client(proxies=proxy.url, verify=str(proxy.ca_cert), timeout=timeout)
+    verify = ssl.create_default_context(cafile=str(proxy.ca_cert))
+    return httpx.Client(proxy=proxy.url, verify=verify, timeout=timeout)
 
 
 def openai_client(proxy: RunningProxy):  # type: ignore[no-untyped-def]
