@@ -51,6 +51,7 @@ class Config:
     max_body_bytes: int = 256 * 1024 * 1024
     on_write_error: str = "fail"
     process_lookup: bool = True
+    refuse_websocket: bool = False
 
 
 def parse_hosts(value: str) -> frozenset[str]:

@@ -170,6 +170,13 @@ class ForgeAddon:
             "Find the client process of each connection (pid, ancestors, FORGE_ROLLOUT_ID).",
         )
         loader.add_option(
+            "forge_refuse_websocket",
+            bool,
+            False,
+            "Answer WebSocket upgrades to the Responses API with 426, so clients that can "
+            "(Codex CLI) fall back to HTTP + SSE.",
+        )
+        loader.add_option(
             "forge_ready_file", str, "", "Written once the addon is recording (for launchers)."
         )
 
@@ -202,6 +209,7 @@ class ForgeAddon:
                     "forge_on_write_error", o.forge_on_write_error, ("fail", "warn")
                 ),
                 process_lookup=o.forge_process_lookup,
+                refuse_websocket=o.forge_refuse_websocket,
             )
             if out is not None:
                 _check_writable(out)
@@ -296,6 +304,11 @@ class ForgeAddon:
         method, path = flow.request.method, flow.request.path
         upgrade = flow.request.headers.get("upgrade", "").lower() == "websocket"
         if upgrade and openai_responses.matches_websocket(path):
+            if config.refuse_websocket:
+                flow.response = _json_response(
+                    426, {"error": "WebSocket refused by Forge (forge_refuse_websocket); use HTTP"}
+                )
+                return
             flow.metadata["forge_ws"] = True
         elif find_adapter(method, path) is not None or _looks_like_model_call(flow):
             self._begin(flow, host)

@@ -19,7 +19,7 @@ from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.protocols.base import ParsedRequest, ParsedResponse, ParseError
-from pipeline.canonical import canonical_json, chain_hashes, item_hash
+from pipeline.canonical import REF_KEY, REF_MIN_BYTES, canonical_json, chain_hashes, item_hash
 
 # Request headers that identify harness sessions and agents -> calls column.
 HARNESS_HEADERS = {
@@ -71,11 +71,50 @@ def _item_row(
     }
 
 
-def parse_request_body(capture: Capture, limit: int) -> tuple[str, ParsedRequest]:
-    """(api, parsed request); raises ParseError or BodyError."""
+def split_params(params: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+    """Params with large top-level values (and large elements of top-level lists) replaced
+    by ``{"$forge_ref": hash}``, and the (hash, canonical JSON, value) of each part.
+
+    Harnesses resend a system prompt and tool list of tens of kB on every call, and some
+    change a small block of it each time (Claude Code's billing header): storing the big
+    parts once keeps a run's storage linear in what is new.
+    """
+    parts: list[tuple[str, str, Any]] = []
+
+    def ref(value: Any, canonical: str) -> dict[str, str]:
+        h = item_hash(canonical, None)
+        parts.append((h, canonical, value))
+        return {REF_KEY: h}
+
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        canonical = canonical_json(value)
+        if len(canonical) < REF_MIN_BYTES:
+            out[key] = value
+        elif isinstance(value, list):
+            elements = []
+            for element in value:
+                c = canonical_json(element)
+                elements.append(ref(element, c) if len(c) >= REF_MIN_BYTES else element)
+            out[key] = elements
+        else:
+            out[key] = ref(value, canonical)
+    return out, parts
+
+
+def api_of(capture: Capture) -> str:
+    """The API a captured call was made to, from its transport and path alone."""
+    if capture.transport == "websocket":
+        return openai_responses.ADAPTER.api
+    adapter = find_adapter(capture.method, capture.path)
+    return adapter.api if adapter is not None else "unknown"
+
+
+def parse_request_body(capture: Capture) -> ParsedRequest:
+    """The parsed request; raises ParseError."""
     if capture.transport == "websocket":
         text = capture.request_body.decode("utf-8", "replace")
-        return openai_responses.ADAPTER.api, openai_responses.parse_ws_request(text)
+        return openai_responses.parse_ws_request(text)
     adapter = find_adapter(capture.method, capture.path)
     if adapter is None:
         raise ParseError(f"no adapter for {capture.method} {capture.path}")
@@ -83,7 +122,7 @@ def parse_request_body(capture: Capture, limit: int) -> tuple[str, ParsedRequest
         body = json.loads(capture.request_body)
     except ValueError as e:
         raise ParseError(f"request body is not JSON: {e}") from e
-    return adapter.api, adapter.parse_request(body)
+    return adapter.parse_request(body)
 
 
 def parse_response_body(
@@ -158,22 +197,22 @@ def build_rows(
 
     messages: list[dict[str, Any]] = []
     errors: list[str] = []
-    api = "unknown"
+    api = row["api"] = api_of(capture)
     request: ParsedRequest | None = None
     try:
-        api, request = parse_request_body(capture, limit)
-    except (ParseError, BodyError) as e:
+        request = parse_request_body(capture)
+    except ParseError as e:
         errors.append(f"request: {e}")
-    row["api"] = api
 
     head: str | None = None
     if request is not None:
-        params_canonical = canonical_json(request.params)
+        params, parts = split_params(request.params)
+        for h, canonical, value in parts:
+            messages.append(_item_row(h, None, canonical, value, capture.call_id, "param"))
+        params_canonical = canonical_json(params)
         params_hash = item_hash(params_canonical, None)
         messages.append(
-            _item_row(
-                params_hash, None, params_canonical, request.params, capture.call_id, "params"
-            )
+            _item_row(params_hash, None, params_canonical, params, capture.call_id, "params")
         )
         parent = (
             previous_response_head(request.previous_response_id)
@@ -195,6 +234,9 @@ def build_rows(
             request_items_form=request.items_form,
             previous_response_id=request.previous_response_id,
             tools=request.tools,
+            # Codex warms a WebSocket up with generate:false: no output, but later calls
+            # name its response in previous_response_id, so its items are kept.
+            prewarm=request.params.get("generate") is False,
         )
 
     response: ParsedResponse | None = None

@@ -10,6 +10,11 @@ Contract, version ``m1`` (the tag is part of every hash value):
 
 So two conversations that share a prefix share its rows, and an item's hash pins
 its whole history (the scheme of simonw/llm's conversation store).
+
+A request's parameters (its body minus the conversation items) are stored as one
+``params`` row in which any top-level value, or element of a top-level list, whose
+canonical JSON is at least ``REF_MIN_BYTES`` long is replaced by
+``{"$forge_ref": <hash of that value with no parent>}``, pointing at a ``param`` row.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 
 HASH_TAG = "m1"
 _PREFIX = b"forge-m1\0"
+REF_KEY = "$forge_ref"
+REF_MIN_BYTES = 512
 _HEX_DIGITS = 40
 
 
@@ -49,3 +56,16 @@ def chain_hashes(items: list[Any], parent: str | None = None) -> list[tuple[str,
         out.append((h, parent, canonical))
         parent = h
     return out
+
+
+def resolve_refs(value: Any, lookup: Any) -> Any:
+    """A params object with its ``$forge_ref`` parts put back (``lookup(hash) -> value``)."""
+
+    def one(v: Any) -> Any:
+        if isinstance(v, dict) and len(v) == 1 and REF_KEY in v:
+            return lookup(v[REF_KEY])
+        return v
+
+    if not isinstance(value, dict):
+        return value
+    return {k: [one(e) for e in v] if isinstance(v, list) else one(v) for k, v in value.items()}

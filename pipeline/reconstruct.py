@@ -7,7 +7,14 @@ from typing import Any
 
 import duckdb
 
+from pipeline.canonical import resolve_refs
 from pipeline.store import sql_text
+
+
+def _content(items: dict[str, tuple[str | None, str]], h: str) -> Any:
+    if h not in items:
+        raise MissingRow(f"no param row {h!r}")
+    return json.loads(items[h][1])
 
 
 class MissingRow(LookupError):
@@ -51,7 +58,7 @@ def reconstruct_request(
     items = items if items is not None else load_items(con)
     if params_hash not in items:
         raise MissingRow(f"no params row {params_hash!r}")
-    body: dict[str, Any] = json.loads(items[params_hash][1])
+    body: dict[str, Any] = resolve_refs(json.loads(items[params_hash][1]), lambda h: _content(items, h))
     chain = walk_back(items, head, n or 0)
     if form == "string":
         body[list_key] = chain[0]

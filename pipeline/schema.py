@@ -149,6 +149,7 @@ CALLS = pa.schema(
         ),
         _f("previous_response_id", pa.string(), "Responses API previous_response_id."),
         _f("tools", pa.list_(pa.string()), "Names of the tools the request offered."),
+        _f("prewarm", pa.bool_(), "A Responses generate:false warm-up (Codex): no model output, kept for chaining."),
         # Response.
         _f("response_id", pa.string(), "Provider's id of the response."),
         _f(

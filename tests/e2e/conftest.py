@@ -20,12 +20,6 @@ SCRIPT = [
 ]
 
 
-@pytest.fixture(scope="session")
-def confdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One CA for the whole session (mitmproxy makes it on first start)."""
-    return tmp_path_factory.mktemp("mitmproxy-conf")
-
-
 @pytest.fixture
 def upstream() -> Iterator[ScriptedUpstream]:
     with ScriptedUpstream(SCRIPT) as up:

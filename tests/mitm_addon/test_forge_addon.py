@@ -287,3 +287,14 @@ _CLIENT_HELLO_EXAMPLE_COM = (
     "0e00000b6578616d706c652e636f6d"  # list len 14, host_name, len 11, example.com
     "002b0003020304"  # supported_versions: TLS 1.3
 )
+
+
+def test_refused_websocket_upgrade_gets_426_so_codex_falls_back_to_http(addon) -> None:
+    a, tctx = addon
+    tctx.configure(a, forge_refuse_websocket=True)
+    f = tflow.twebsocketflow(messages=False)
+    f.response = None
+    f.request.host, f.request.path, f.request.port = "api.openai.com", "/v1/responses", 443
+    f.request.headers["host"] = "api.openai.com"
+    a.request(f)
+    assert f.response is not None and f.response.status_code == 426

@@ -1,0 +1,60 @@
+"""``forge record -- CMD``: the harness runs unmodified, every call recorded, CMD's exit code kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.store import connect
+from tests.support.forge_proxy import OPENAI_KEY, SECRETS, files_containing
+from tests.support.upstream import ScriptedUpstream
+
+# The toy harness is asked to consult a helper process, then to write a file, then it is done.
+SCRIPT = [
+    {"tool_call": {"name": "consult", "arguments": {"question": "Which file name?"}}},
+    {"tool_call": {"name": "shell", "arguments": {"command": "echo hi > hello.txt"}}},
+    {"text": "Done."},
+]
+
+
+def forge_record(tmp_path: Path, confdir: Path, upstream: ScriptedUpstream, *cmd: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["OPENAI_API_KEY"] = OPENAI_KEY
+    return subprocess.run(
+        [sys.executable, "-m", "forge_cli.main", "record", "--out", str(tmp_path / "run"),
+         "--confdir", str(confdir), "--upstream", f"api.openai.com={upstream.base_url}", "--", *cmd],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_record_runs_the_toy_harness_and_records_both_of_its_processes(tmp_path: Path, confdir: Path) -> None:
+    with ScriptedUpstream(SCRIPT, side_text="Call it hello.txt.") as up:
+        done = forge_record(tmp_path, confdir, up, sys.executable, "-m", "rl.toy_harness", "make hello.txt")
+        received = [r for r in up.received if r.api == "openai_chat"]
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "hello.txt").read_text() == "hi\n"
+    assert "recorded 4 LLM call(s)" in done.stderr and "openai_chat" in done.stderr
+    rows = connect(tmp_path / "run").execute(
+        "SELECT pid, parent_pids, process_name, rollout_id, status, tools FROM calls ORDER BY call_id").fetchall()
+    assert len(rows) == len(received) == 4
+    assert {r[3] for r in rows} == {"run"} and {r[4] for r in rows} == {"complete"}
+    agent_pids = {r[0] for r in rows if r[5]}
+    (consult,) = [r for r in rows if not r[5]]  # the helper process offers no tools
+    assert len(agent_pids) == 1 and consult[0] not in agent_pids
+    assert agent_pids <= set(consult[1]), "the consulting process descends from the agent"
+    assert files_containing(tmp_path / "run", SECRETS) == []
+
+
+def test_record_exits_with_the_commands_code(tmp_path: Path, confdir: Path) -> None:
+    with ScriptedUpstream([{"text": "hi"}]) as up:
+        done = forge_record(tmp_path, confdir, up, "bash", "-c", "exit 7")
+    assert done.returncode == 7
+    assert "recorded 0 LLM call(s)" in done.stderr
+
+
+def test_record_without_a_command_says_how_to_call_it(tmp_path: Path, confdir: Path) -> None:
+    with ScriptedUpstream([{"text": "hi"}]) as up:
+        done = forge_record(tmp_path, confdir, up)
+    assert done.returncode == 2 and "forge record [OPTIONS] -- CMD" in done.stderr

@@ -1,0 +1,105 @@
+"""From a capture to rows: splitting, content addressing, status."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mitm_addon.capture import Capture
+from mitm_addon.recorder import build_rows, split_params
+from pipeline.canonical import REF_KEY, canonical_json, resolve_refs
+
+WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=700),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=10), values, max_size=6))
+def test_params_split_into_refs_resolve_back_exactly(params: dict[str, Any]) -> None:
+    split, parts = split_params(params)
+    table = {h: v for h, _, v in parts}
+    assert canonical_json(resolve_refs(split, table.__getitem__)) == canonical_json(params)
+    assert all(len(c) >= 512 for _, c, _ in parts)
+
+
+def anthropic_capture(billing: str, system: str, question: str) -> Capture:
+    body = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 1000,
+        "system": [{"type": "text", "text": billing}, {"type": "text", "text": system}],
+        "tools": [
+            {"name": f"T{i}", "description": "d" * 800, "input_schema": {"type": "object"}}
+            for i in range(5)
+        ],
+        "messages": [{"role": "user", "content": question}],
+    }
+    return Capture(
+        call_id=f"c-{billing}",
+        run_id="r",
+        transport="http",
+        method="POST",
+        scheme="https",
+        host="api.anthropic.com",
+        path="/v1/messages",
+        started_at=time.time(),
+        request_body=json.dumps(body).encode(),
+        status_code=200,
+        response_body=(WIRE / "anthropic_messages" / "response_text.json").read_bytes(),
+    )
+
+
+def test_a_changing_small_system_block_does_not_restore_the_big_ones() -> None:
+    system = "You are Claude Code. " * 500
+    a = build_rows(anthropic_capture("billing: 1", system, "hi"), lambda _: None)
+    b = build_rows(anthropic_capture("billing: 2", system, "hi"), lambda _: None)
+    new = {m["hash"] for m in b.messages} - {m["hash"] for m in a.messages}
+    new_bytes = sum(m["content_bytes"] for m in b.messages if m["hash"] in new)
+    assert len(new) == 1 and new_bytes < 1000, (
+        "only the params row with the new billing block is new"
+    )
+    params = json.loads(next(m["content_json"] for m in b.messages if m["kind"] == "params"))
+    assert (
+        params["system"][0] == {"text": "billing: 2", "type": "text"}
+        and REF_KEY in params["system"][1]
+    )
+
+
+def test_codex_prewarm_is_flagged() -> None:
+    body = {"model": "gpt-5.5", "input": [], "generate": False, "stream": True}
+    c = Capture(
+        call_id="p",
+        run_id="r",
+        transport="http",
+        method="POST",
+        scheme="https",
+        host="api.openai.com",
+        path="/v1/responses",
+        started_at=time.time(),
+        request_body=json.dumps(body).encode(),
+    )
+    assert build_rows(c, lambda _: None).call["prewarm"] is True
+
+
+def test_an_http_error_is_recorded_with_its_body() -> None:
+    c = anthropic_capture("b", "s", "q")
+    c.status_code = 529
+    c.response_body = (WIRE / "anthropic_messages" / "error.json").read_bytes()
+    row = build_rows(c, lambda _: None).call
+    assert row["status"] == "error" and row["error"].startswith("HTTP 529")
+
+
+def test_malformed_request_json_still_gets_a_row() -> None:
+    c = anthropic_capture("b", "s", "q")
+    c.request_body = b'{"model": "x", "messages": [tru'
+    row = build_rows(c, lambda _: None).call
+    assert row["api"] == "anthropic_messages" and row["parse_error"].startswith("request:")
