@@ -40,7 +40,9 @@ def replay() -> Iterator[str]:
         fixture, content_type = CASES[request.path_qs]
         data = (WIRE / fixture).read_bytes()
         await request.read()
-        resp = web.StreamResponse(headers={"content-type": content_type, "x-request-id": "req_fixed"})
+        resp = web.StreamResponse(
+            headers={"content-type": content_type, "x-request-id": "req_fixed"}
+        )
         await resp.prepare(request)
         for i in range(0, len(data), _CHUNK):
             await resp.write(data[i : i + _CHUNK])
@@ -65,7 +67,9 @@ def replay() -> Iterator[str]:
 
 
 def fetch(client: httpx.Client, url: str, body: bytes) -> tuple[int, str, bytes]:
-    with client.stream("POST", url, content=body, headers={"content-type": "application/json"}) as r:
+    with client.stream(
+        "POST", url, content=body, headers={"content-type": "application/json"}
+    ) as r:
         return r.status_code, r.headers["content-type"], b"".join(r.iter_raw())
 
 

@@ -19,25 +19,52 @@ SCRIPT = [
 ]
 
 
-def forge_record(tmp_path: Path, confdir: Path, upstream: ScriptedUpstream, *cmd: str) -> subprocess.CompletedProcess[str]:
+def forge_record(
+    tmp_path: Path, confdir: Path, upstream: ScriptedUpstream, *cmd: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["OPENAI_API_KEY"] = OPENAI_KEY
     return subprocess.run(
-        [sys.executable, "-m", "forge_cli.main", "record", "--out", str(tmp_path / "run"),
-         "--confdir", str(confdir), "--upstream", f"api.openai.com={upstream.base_url}", "--", *cmd],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "forge_cli.main",
+            "record",
+            "--out",
+            str(tmp_path / "run"),
+            "--confdir",
+            str(confdir),
+            "--upstream",
+            f"api.openai.com={upstream.base_url}",
+            "--",
+            *cmd,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
-def test_record_runs_the_toy_harness_and_records_both_of_its_processes(tmp_path: Path, confdir: Path) -> None:
+def test_record_runs_the_toy_harness_and_records_both_of_its_processes(
+    tmp_path: Path, confdir: Path
+) -> None:
     with ScriptedUpstream(SCRIPT, side_text="Call it hello.txt.") as up:
-        done = forge_record(tmp_path, confdir, up, sys.executable, "-m", "rl.toy_harness", "make hello.txt")
+        done = forge_record(
+            tmp_path, confdir, up, sys.executable, "-m", "rl.toy_harness", "make hello.txt"
+        )
         received = [r for r in up.received if r.api == "openai_chat"]
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "hello.txt").read_text() == "hi\n"
     assert "recorded 4 LLM call(s)" in done.stderr and "openai_chat" in done.stderr
-    rows = connect(tmp_path / "run").execute(
-        "SELECT pid, parent_pids, process_name, rollout_id, status, tools FROM calls ORDER BY call_id").fetchall()
+    rows = (
+        connect(tmp_path / "run")
+        .execute(
+            "SELECT pid, parent_pids, process_name, rollout_id, status, tools FROM calls ORDER BY call_id"
+        )
+        .fetchall()
+    )
     assert len(rows) == len(received) == 4
     assert {r[3] for r in rows} == {"run"} and {r[4] for r in rows} == {"complete"}
     agent_pids = {r[0] for r in rows if r[5]}
