@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import zstandard
 
@@ -343,3 +347,55 @@ def _swallow(client: Any, stream: bool) -> None:
             pass
     except Exception:  # the proxy is killed under this call; its failure is the point
         return
+
+
+def test_rollout_id_comes_from_the_proxy_credentials(tmp_path: Path, confdir: Path) -> None:
+    with (
+        ScriptedUpstream([{"text": "ok"}]) as up,
+        forge_proxy(tmp_path / "run", confdir, {"api.openai.com": up.base_url}) as proxy,
+    ):
+        ctx = ssl.create_default_context(cafile=str(proxy.ca_cert))
+        with httpx.Client(proxy=f"http://r-17:x@127.0.0.1:{proxy.port}", verify=ctx) as client:
+            r = client.post(
+                "https://api.openai.com/v1/chat/completions",
+                json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": f"Bearer {OPENAI_KEY}"},
+            )
+            assert r.status_code == 200
+            assert "proxy-authorization" not in up.received[-1].headers
+        stop_proxy_process(proxy.process)
+    (row,) = calls(tmp_path / "run")
+    assert (row["rollout_id"], row["rollout_source"]) == ("r-17", "proxy_auth")
+
+
+def test_rollout_id_comes_from_the_client_process_environment(
+    tmp_path: Path, confdir: Path
+) -> None:
+    client_code = (
+        "import os, ssl, sys, httpx\n"
+        "ctx = ssl.create_default_context(cafile=sys.argv[2])\n"
+        "with httpx.Client(proxy=sys.argv[1], verify=ctx) as c:\n"
+        "    r = c.post('https://api.openai.com/v1/chat/completions', json={'model': 'gpt-4.1',"
+        " 'messages': [{'role': 'user', 'content': 'hi'}]})\n"
+        "    sys.exit(r.status_code != 200)\n"
+    )
+    with (
+        ScriptedUpstream([{"text": "ok"}]) as up,
+        forge_proxy(tmp_path / "run", confdir, {"api.openai.com": up.base_url}) as proxy,
+    ):
+        # A wrapper shell carries FORGE_ROLLOUT_ID; the client it starts does not ("; exit" keeps
+        # bash from exec-ing into the client, so the wrapper stays an ancestor).
+        wrapper = f'env -u FORGE_ROLLOUT_ID {sys.executable} -c "$0" "$@"; exit $?'
+        env = {**os.environ, "FORGE_ROLLOUT_ID": "r-env"}
+        done = subprocess.run(
+            ["bash", "-c", wrapper, client_code, proxy.url, str(proxy.ca_cert)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        stop_proxy_process(proxy.process)
+    (row,) = calls(tmp_path / "run")
+    assert (row["rollout_id"], row["rollout_source"]) == ("r-env", "process_env")
+    assert row["process_name"].startswith("python") and row["parent_pids"]
