@@ -56,7 +56,9 @@ def show(con, title: str, sql: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     p.add_argument("--out", type=Path, default=Path("data/runs/demo"))
     args = p.parse_args(argv)
     from tests.support.upstream import ScriptedUpstream  # the scripted provider
@@ -70,27 +72,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"forge demo: scripted provider for api.openai.com on {provider.base_url}")
         for i, task in enumerate(TASKS, 1):
             work = Path(tempfile.mkdtemp(prefix=f"forge-demo-{i}-"))
-            cmd = [sys.executable, "-m", "forge_cli.main", "record", "--out", str(out), "--rollout", f"demo-{i}",
-                   "--upstream", f"api.openai.com={provider.base_url}",
-                   "--", sys.executable, "-m", "rl.toy_harness", task]
-            print(f"\n$ forge record --out {args.out} --rollout demo-{i} --upstream api.openai.com=... "
-                  f"-- python -m rl.toy_harness {task!r}")
+            cmd = [
+                sys.executable,
+                "-m",
+                "forge_cli.main",
+                "record",
+                "--out",
+                str(out),
+                "--rollout",
+                f"demo-{i}",
+                "--upstream",
+                f"api.openai.com={provider.base_url}",
+                "--",
+                sys.executable,
+                "-m",
+                "rl.toy_harness",
+                task,
+            ]
+            print(
+                f"\n$ forge record --out {args.out} --rollout demo-{i} --upstream api.openai.com=... "
+                f"-- python -m rl.toy_harness {task!r}"
+            )
             done = subprocess.run(cmd, cwd=work, env=env, timeout=300)
             shutil.rmtree(work, ignore_errors=True)
             if done.returncode != 0:
-                print(f"forge demo: rollout {i} failed with exit code {done.returncode}", file=sys.stderr)
+                print(
+                    f"forge demo: rollout {i} failed with exit code {done.returncode}",
+                    file=sys.stderr,
+                )
                 return done.returncode
     con = connect(out)
     for title, sql in QUERIES.items():
         show(con, title, sql)
-    first = con.execute("SELECT call_id FROM calls WHERE rollout_id = 'demo-1' ORDER BY call_id DESC LIMIT 1").fetchone()
+    first = con.execute(
+        "SELECT call_id FROM calls WHERE rollout_id = 'demo-1' ORDER BY call_id DESC LIMIT 1"
+    ).fetchone()
     if first:
         body = reconstruct_request(con, first[0])
-        print(f"\n-- the last call of demo-1, rebuilt from the content-addressed store: "
-              f"{len(body['messages'])} messages, model {body['model']}")
+        print(
+            f"\n-- the last call of demo-1, rebuilt from the content-addressed store: "
+            f"{len(body['messages'])} messages, model {body['model']}"
+        )
     print(f"\nforge demo: wrote {out} (calls/, messages/, endpoints/ Parquet shards).")
-    print(f"Try: .venv/bin/python -c \"from pipeline.store import connect; "
-          f"print(connect('{args.out}').sql('select * from calls'))\"")
+    print(
+        f'Try: .venv/bin/python -c "from pipeline.store import connect; '
+        f"print(connect('{args.out}').sql('select * from calls'))\""
+    )
     return 0
 
 
