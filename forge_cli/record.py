@@ -164,6 +164,8 @@ def print_summary(out: Path, run_id: str) -> None:
                 f"  {api:<20} {model:<32} {calls:>6} {failed:>6} {tin:>8}{mark} {tout:>8}{mark}",
                 file=sys.stderr,
             )
+    for status, error, n in con.execute(sql_text("record_errors"), {"run_id": run_id}).fetchall():
+        print(f"  {n} {status}: {error}", file=sys.stderr)
     other = con.execute(
         "SELECT count(*), coalesce(sum(requests), 0) FROM endpoints WHERE run_id = $run_id",
         {"run_id": run_id},
