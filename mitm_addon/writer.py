@@ -25,7 +25,7 @@ from mitm_addon.attribution import ProcessInfo
 from mitm_addon.capture import Capture, dumps
 from mitm_addon.config import Config
 from mitm_addon.recorder import build_rows
-from mitm_addon.shards import read_column_values, remove_stale_temporaries, write_shard
+from pipeline.shards import read_column_values, remove_stale_temporaries, write_shard
 from mitm_addon.tokens import count_tokens
 
 log = logging.getLogger(__name__)

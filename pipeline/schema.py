@@ -149,7 +149,11 @@ CALLS = pa.schema(
         ),
         _f("previous_response_id", pa.string(), "Responses API previous_response_id."),
         _f("tools", pa.list_(pa.string()), "Names of the tools the request offered."),
-        _f("prewarm", pa.bool_(), "A Responses generate:false warm-up (Codex): no model output, kept for chaining."),
+        _f(
+            "prewarm",
+            pa.bool_(),
+            "A Responses generate:false warm-up (Codex): no model output, kept for chaining.",
+        ),
         # Response.
         _f("response_id", pa.string(), "Provider's id of the response."),
         _f(
@@ -249,7 +253,61 @@ ENDPOINTS = pa.schema(
     ]
 )
 
-TABLES: dict[str, pa.Schema] = {"calls": CALLS, "messages": MESSAGES, "endpoints": ENDPOINTS}
+# One row per rollout attempt, written by whoever ran the harness (forge record, the
+# rollout runner). Grain: rollout_id (the latest row wins when a rollout is rewritten).
+ROLLOUTS = pa.schema(
+    [
+        _f("rollout_id", pa.string(), "Rollout id (the calls' rollout_id).", False),
+        _f("task_id", pa.string(), "Task the rollout attempted."),
+        _f("harness", pa.string(), "Harness name (claude, codex, toy, or the command's name)."),
+        _f("group_id", pa.string(), "GRPO group the rollout was launched in, if any."),
+        _f(
+            "policy_version",
+            pa.int64(),
+            "Policy version the rollout was launched with (serve mode).",
+        ),
+        _f("status", pa.string(), "complete, partial, crashed, timed_out or infra_error."),
+        _f("exit_code", pa.int32(), "Harness exit code."),
+        _f("started_at", _TS, "Harness started."),
+        _f("ended_at", _TS, "Harness ended."),
+        _f("command", pa.list_(pa.string()), "Harness argv."),
+        _f("metadata_json", pa.string(), "Task metadata, canonical JSON."),
+        _f("written_at", _TS, "When this row was written."),
+    ]
+)
+
+# Terminal rewards, written by verifiers or `forge reward`. Grain: rollout_id (the
+# latest written_at wins).
+REWARDS = pa.schema(
+    [
+        _f("rollout_id", pa.string(), "Rollout the reward is for.", False),
+        _f(
+            "reward",
+            pa.float64(),
+            "Terminal reward (gamma = 1: it applies to every trained token).",
+        ),
+        _f(
+            "status",
+            pa.string(),
+            "Verifier's view of the rollout: complete, partial, crashed, timed_out.",
+        ),
+        _f(
+            "details_json",
+            pa.string(),
+            "Verifier details, canonical JSON (partial credit lives here).",
+        ),
+        _f("source", pa.string(), "verifier, forge reward, or another writer's name."),
+        _f("written_at", _TS, "When this row was written."),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "calls": CALLS,
+    "messages": MESSAGES,
+    "endpoints": ENDPOINTS,
+    "rollouts": ROLLOUTS,
+    "rewards": REWARDS,
+}
 
 
 def with_version(schema: pa.Schema) -> pa.Schema:

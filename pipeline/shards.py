@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,10 @@ def remove_stale_temporaries(root: Path) -> int:
                 p.unlink(missing_ok=True)
                 n += 1
     return n
+
+
+def write_rows(root: Path, table: str, rows: list[dict[str, Any]], name: str | None = None) -> Path:
+    """Write rows to a new shard named by time and a random suffix (for small writers:
+    rollout and reward rows)."""
+    shard = name or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(4).hex()}"
+    return write_shard(root, table, shard, rows)
