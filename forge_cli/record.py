@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from forge_cli.proxy import (
     start_proxy,
     stop_proxy_process,
 )
+from pipeline.shards import write_rows
 
 __all__ = ["ForgeError", "add_parser", "run"]
 
@@ -80,6 +82,10 @@ def add_parser(sub: Any) -> None:
         metavar="UID|USER",
         help="with --transparent: the user CMD runs as (not root)",
     )
+    p.add_argument("--task", default=None, help="task id for the rollout's row in rollouts/")
+    p.add_argument(
+        "--harness", default=None, help="harness name for the rollout's row (default: CMD's name)"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=run)
 
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         env = harness_env(proxy, dict(os.environ), rollout)
+        started = datetime.now(UTC)
         code = (
             _run_child(cmd, env)
             if harness is None
@@ -129,8 +136,39 @@ def run(args: argparse.Namespace) -> int:
             f"forge: warning: the proxy exited with {proxy_code}; see {proxy.log_path}",
             file=sys.stderr,
         )
+    write_rollout(out, rollout, args.task, args.harness or Path(cmd[0]).name, cmd, code, started)
     print_summary(out, proxy.run_id)
     return code
+
+
+def write_rollout(
+    out: Path,
+    rollout: str,
+    task: str | None,
+    harness: str,
+    cmd: list[str],
+    code: int,
+    started: datetime,
+) -> None:
+    """The rollout's row: what ran, how it ended (rewards come from verifiers)."""
+    now = datetime.now(UTC)
+    write_rows(
+        out.resolve(),
+        "rollouts",
+        [
+            {
+                "rollout_id": rollout,
+                "task_id": task,
+                "harness": harness,
+                "status": "complete" if code == 0 else "crashed",
+                "exit_code": code,
+                "started_at": started,
+                "ended_at": now,
+                "command": cmd,
+                "written_at": now,
+            }
+        ],
+    )
 
 
 def _run_child(cmd: list[str], env: dict[str, str]) -> int:

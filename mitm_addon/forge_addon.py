@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Optional
 if __package__ in (None, ""):  # loaded by path through ``mitmdump -s``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.addonmanager import Loader
 
@@ -85,6 +87,7 @@ class ForgeAddon:
         self._conn_rollout: dict[str, str] = {}
         self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
         self._lookups = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="forge-lookup")
+        self._local_addresses = local_addresses()
 
     # -- options -------------------------------------------------------------------------
 
@@ -258,7 +261,9 @@ class ForgeAddon:
     def client_connected(self, client: connection.Client) -> None:
         if self.config is None or not self.config.process_lookup or not client.peername:
             return
-        if client.peername[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        # Only a client on this host has a process to find: loopback, or (transparent
+        # capture of a REDIRECTed connection) one of the host's own addresses.
+        if client.peername[0].removeprefix("::ffff:") not in self._local_addresses:
             return
         self._conn_process[client.id] = self._lookups.submit(
             lookup_process, client.peername[1], os.getpid()
@@ -535,6 +540,21 @@ class ForgeAddon:
         capture: Capture | None = flow.metadata.get("forge_capture")
         if capture is not None:
             capture.upstream_url = upstream.base_url
+
+
+def local_addresses() -> frozenset[str]:
+    """This host's IP addresses (loopback included)."""
+    found = {"127.0.0.1", "::1"}
+    try:
+        for addrs in psutil.net_if_addrs().values():
+            found.update(
+                a.address.split("%")[0]
+                for a in addrs
+                if a.family in (socket.AF_INET, socket.AF_INET6)
+            )
+    except OSError:
+        pass
+    return frozenset(found)
 
 
 def _looks_like_model_call(flow: http.HTTPFlow) -> bool:

@@ -85,3 +85,15 @@ def test_record_without_a_command_says_how_to_call_it(tmp_path: Path, confdir: P
     with ScriptedUpstream([{"text": "hi"}]) as up:
         done = forge_record(tmp_path, confdir, up)
     assert done.returncode == 2 and "forge record [OPTIONS] -- CMD" in done.stderr
+
+
+def test_record_writes_the_rollouts_row(tmp_path: Path, confdir: Path) -> None:
+    with ScriptedUpstream([{"text": "hi"}]) as up:
+        done = forge_record(tmp_path, confdir, up, "bash", "-c", "exit 3")
+    assert done.returncode == 3
+    (row,) = (
+        connect(tmp_path / "run")
+        .execute("SELECT rollout_id, harness, status, exit_code, command FROM rollouts")
+        .fetchall()
+    )
+    assert row == ("run", "bash", "crashed", 3, ["bash", "-c", "exit 3"])
