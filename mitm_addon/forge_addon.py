@@ -187,6 +187,12 @@ class ForgeAddon:
         if "connection_strategy" in ctx.options and ctx.options.connection_strategy != "lazy":
             # LLM hosts may be unreachable (tests, gateways): connect only once we know where to.
             ctx.options.update(connection_strategy="lazy")
+        if "listen_host" in ctx.options and ("listen_host" in updated or "proxyauth" in updated):
+            _check_listen_host(ctx.options.listen_host, ctx.options.proxyauth)
+            if not ctx.options.listen_host:
+                # mitmproxy listens on every interface by default; a recorder of API
+                # traffic should not: loopback unless asked otherwise.
+                ctx.options.update(listen_host="127.0.0.1")
         if not any(k.startswith("forge_") for k in updated):
             return
         o = ctx.options
@@ -576,6 +582,17 @@ def _json_response(status: int, body: dict[str, Any]) -> http.Response:
     return http.Response.make(
         status, json.dumps(body).encode(), {"content-type": "application/json"}
     )
+
+
+def _check_listen_host(host: str, proxyauth: str | None) -> None:
+    """Listening beyond loopback exposes the harness's traffic: require proxy authentication."""
+    if not host or host in ("localhost", "::1") or host.startswith("127."):
+        return
+    if not proxyauth:
+        raise exceptions.OptionsError(
+            f"listen_host={host} would let anyone on the network use this proxy and read the "
+            "calls it records; set proxyauth (e.g. --proxyauth USER:PASS) or listen on 127.0.0.1"
+        )
 
 
 def _check_writable(directory: Path) -> None:
