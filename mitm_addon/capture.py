@@ -70,4 +70,6 @@ class Capture:
 
 
 def dumps(header: dict[str, Any]) -> bytes:
-    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # ASCII escapes: header values and error texts may hold lone surrogates (undecodable
+    # bytes), which UTF-8 cannot encode; the recorder cleans them when it builds rows.
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")

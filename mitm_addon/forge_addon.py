@@ -321,7 +321,9 @@ class ForgeAddon:
                 )
                 return
             flow.metadata["forge_ws"] = True
-        elif find_adapter(method, path) is not None or _looks_like_model_call(flow):
+        elif find_adapter(method, path) is not None or _looks_like_model_call(
+            flow, config.max_body_bytes
+        ):
             self._begin(flow, host)
             if flow.response is not None:  # refused: could not log
                 return
@@ -351,6 +353,10 @@ class ForgeAddon:
     def error(self, flow: http.HTTPFlow) -> None:
         if "forge_capture" in flow.metadata:
             self._end(flow, flow.error.msg if flow.error else "connection error")
+            if flow.response is None and flow.killable:
+                # Without a response mitmproxy would answer 502 itself; the harness must see
+                # what it sees without the proxy: a dropped connection.
+                flow.kill()
 
     # -- WebSocket (Responses API, as Codex CLI speaks it) --------------------------------
 
@@ -474,7 +480,7 @@ class ForgeAddon:
         try:
             self.writer.begin(capture)
             return True
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.writer.last_error = f"cannot append to the write-ahead log: {e}"
             log.error("forge: %s", self.writer.last_error)
             return False
@@ -485,7 +491,7 @@ class ForgeAddon:
         assert self.writer is not None
         try:
             self.writer.end(capture, process)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.writer.last_error = f"cannot append to the write-ahead log: {e}"
             log.error(
                 "forge: LOST call %s %s: %s", capture.method, capture.path, self.writer.last_error
@@ -563,13 +569,16 @@ def local_addresses() -> frozenset[str]:
     return frozenset(found)
 
 
-def _looks_like_model_call(flow: http.HTTPFlow) -> bool:
+def _looks_like_model_call(flow: http.HTTPFlow, limit: int) -> bool:
     """A POST no adapter owns whose JSON body names a model: recorded with a parse_error."""
     if flow.request.method != "POST" or "json" not in flow.request.headers.get("content-type", ""):
         return False
     try:
-        body = json.loads(flow.request.get_content(strict=False) or b"")
-    except (ValueError, UnicodeDecodeError):
+        raw = decode_body(
+            flow.request.raw_content or b"", flow.request.headers.get("content-encoding"), limit
+        )
+        body = json.loads(raw)
+    except (BodyError, ValueError, RecursionError):
         return False
     return (
         isinstance(body, dict)

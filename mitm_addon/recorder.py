@@ -9,6 +9,8 @@ and its items (a hash chain, so a 100-turn conversation stores each item once).
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +40,48 @@ HARNESS_HEADERS = {
 }
 # Error text kept per call; a full error body is rarely useful past this.
 _ERROR_CHARS = 4000
+
+
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ParseError(f"JSON holds {name}, which canonical JSON cannot store")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ParseError(f"JSON number {text[:40]} overflows a double")
+    return value
+
+
+def _clean_strings(value: Any) -> Any:
+    """Lone UTF-16 surrogates (a client splitting an emoji) replaced, so the value encodes."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_clean_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_clean_strings(k): _clean_strings(v) for k, v in value.items()}
+    return value
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON as Forge stores it: finite numbers only, strings that encode as UTF-8.
+
+    Raises ParseError for anything else (invalid JSON, NaN, 1e400, nesting too deep).
+    """
+    try:
+        value = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError as e:
+        raise ParseError("JSON nested too deeply") from e
+    except ValueError as e:
+        raise ParseError(f"not JSON: {e}") from e
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    if _LONE_SURROGATE.search(raw):
+        value = _clean_strings(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -118,10 +162,7 @@ def parse_request_body(capture: Capture) -> ParsedRequest:
     adapter = find_adapter(capture.method, capture.path)
     if adapter is None:
         raise ParseError(f"no adapter for {capture.method} {capture.path}")
-    try:  # the hook stores request bodies already decoded
-        body = json.loads(capture.request_body)
-    except ValueError as e:
-        raise ParseError(f"request body is not JSON: {e}") from e
+    body = loads(capture.request_body)  # the hook stores request bodies already decoded
     return adapter.parse_request(body)
 
 
@@ -130,7 +171,7 @@ def parse_response_body(
 ) -> tuple[ParsedResponse, int | None]:
     """(parsed response, number of stream events); raises ParseError or BodyError."""
     if capture.transport == "websocket":
-        messages = json.loads(capture.response_body or b"[]")
+        messages = loads(capture.response_body or b"[]")
         if openai_responses.ADAPTER.parse_ws is None:
             raise ParseError("no WebSocket parser")
         return openai_responses.ADAPTER.parse_ws(messages), len(messages)
@@ -143,13 +184,14 @@ def parse_response_body(
     if capture.transport == "sse":
         events = sse.parse_sse(raw)
         return adapter.parse_stream(events), len(events)
-    try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise ParseError(f"response body is not JSON: {e}") from e
+    body = loads(raw)
     if not isinstance(body, dict):
         raise ParseError("response body is not a JSON object")
     return adapter.parse_response(body), None
+
+
+# What a malformed body can raise while it is parsed, hashed or canonicalised.
+_BAD_INPUT = (ParseError, BodyError, ValueError, RecursionError, TypeError)
 
 
 def build_rows(
@@ -158,12 +200,27 @@ def build_rows(
     limit: int = 256 * 1024 * 1024,
     estimate_tokens: Callable[[str], int] | None = None,
 ) -> Rows:
-    """The calls row and messages rows of one captured call.
+    """The calls row and messages rows of one captured call. Never raises: a call whose
+    bodies cannot be parsed still gets its row, with the reason in ``parse_error``.
 
     ``previous_response_head(response_id)`` gives the response_head_hash of an earlier
     Responses call, so a request that carries only new items (``previous_response_id``)
     still chains onto the whole conversation.
     """
+    row = _base_row(capture)
+    try:
+        return _build_rows(capture, row, previous_response_head, limit, estimate_tokens)
+    except Exception as e:  # a bug in a parser must not lose the call: keep its metadata
+        row = _base_row(capture)
+        row["api"] = api_of(capture)
+        row["status"], row["error"] = _status(capture, None, None)
+        reason = f"forge could not parse this call ({type(e).__name__}: {e})"
+        row["parse_error"] = reason[:_ERROR_CHARS]
+        return Rows(call=_utf8_safe(row), messages=[])
+
+
+def _base_row(capture: Capture) -> dict[str, Any]:
+    """The columns that come from the capture itself, no parsing."""
     row: dict[str, Any] = {column: None for column in _CALL_COLUMNS}
     row.update(
         call_id=capture.call_id,
@@ -194,40 +251,29 @@ def build_rows(
     )
     for header, column in HARNESS_HEADERS.items():
         row[column] = capture.request_headers.get(header)
+    return row
 
+
+def _build_rows(
+    capture: Capture,
+    row: dict[str, Any],
+    previous_response_head: Callable[[str], str | None],
+    limit: int,
+    estimate_tokens: Callable[[str], int] | None,
+) -> Rows:
     messages: list[dict[str, Any]] = []
     errors: list[str] = []
     api = row["api"] = api_of(capture)
     request: ParsedRequest | None = None
+    head: str | None = None
     try:
         request = parse_request_body(capture)
-    except ParseError as e:
-        errors.append(f"request: {e}")
-
-    head: str | None = None
-    if request is not None:
-        params, parts = split_params(request.params)
-        for h, canonical, value in parts:
-            messages.append(_item_row(h, None, canonical, value, capture.call_id, "param"))
-        params_canonical = canonical_json(params)
-        params_hash = item_hash(params_canonical, None)
-        messages.append(
-            _item_row(params_hash, None, params_canonical, params, capture.call_id, "params")
-        )
-        parent = (
-            previous_response_head(request.previous_response_id)
-            if request.previous_response_id
-            else None
-        )
-        for h, p, canonical in chain_hashes(request.items, parent):
-            messages.append(
-                _item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item")
-            )
-        head = messages[-1]["hash"] if request.items else parent
+        request_rows, head = _request_rows(capture.call_id, request, previous_response_head)
+        messages += request_rows
         row.update(
             model=request.model,
             stream=request.stream,
-            request_params_hash=params_hash,
+            request_params_hash=request_rows[0]["hash"] if request_rows else None,
             request_head_hash=head,
             request_list_key=request.list_key,
             request_items=len(request.items),
@@ -238,36 +284,42 @@ def build_rows(
             # name its response in previous_response_id, so its items are kept.
             prewarm=request.params.get("generate") is False,
         )
+    except _BAD_INPUT as e:
+        request, head = None, None
+        errors.append(f"request: {e}")
 
     response: ParsedResponse | None = None
+    response_error: str | None = None
     if capture.response_body or capture.transport == "websocket":
         try:
             response, events = parse_response_body(capture, api, limit)
             if events is not None:
                 row["stream_events"] = events
-        except (ParseError, BodyError, ValueError) as e:
-            errors.append(f"response: {e}")
+            out_rows = chain_hashes(response.output_items, head)
+            response_json = (
+                canonical_json(response.response) if response.response is not None else None
+            )
+            messages += [
+                _item_row(h, p, c, json.loads(c), capture.call_id, "item") for h, p, c in out_rows
+            ]
+            row.update(
+                response_id=response.response_id,
+                response_model=response.model,
+                response_head_hash=out_rows[-1][0] if out_rows else None,
+                response_items=len(out_rows),
+                response_json=response_json,
+                stop_reason=response.stop_reason,
+                tool_calls=response.tool_calls,
+            )
+        except _BAD_INPUT as e:
+            response = None
+            response_error = f"response: {e}"
+            errors.append(response_error)
     if capture.response_truncated:
         errors.append("response: larger than forge_max_body_bytes, not kept whole")
 
     if response is not None:
-        out_rows = chain_hashes(response.output_items, head)
-        for h, p, canonical in out_rows:
-            messages.append(
-                _item_row(h, p, canonical, json.loads(canonical), capture.call_id, "item")
-            )
         usage = response.usage
-        row.update(
-            response_id=response.response_id,
-            response_model=response.model,
-            response_head_hash=out_rows[-1][0] if out_rows else None,
-            response_items=len(out_rows),
-            response_json=canonical_json(response.response)
-            if response.response is not None
-            else None,
-            stop_reason=response.stop_reason,
-            tool_calls=response.tool_calls,
-        )
         if usage is not None:
             row.update(
                 input_tokens=usage.input_tokens,
@@ -285,16 +337,68 @@ def build_rows(
                 usage_estimated=True,
             )
 
-    row["status"], row["error"] = _status(capture, response)
+    row["status"], row["error"] = _status(capture, response, response_error)
     row["parse_error"] = "; ".join(errors) or None
-    return Rows(call=row, messages=messages)
+    return Rows(call=_utf8_safe(row), messages=messages)
 
 
-def _status(capture: Capture, response: ParsedResponse | None) -> tuple[str, str | None]:
+def _text(value: str) -> str:
+    """The string as it can be stored: lone surrogates (undecodable bytes) replaced."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _utf8_safe(row: dict[str, Any]) -> dict[str, Any]:
+    """Every string of a calls row encodable as UTF-8 (header values, error texts, paths)."""
+    for key, value in row.items():
+        if isinstance(value, str):
+            row[key] = _text(value)
+        elif isinstance(value, dict):
+            row[key] = {_text(k): _text(v) if isinstance(v, str) else v for k, v in value.items()}
+        elif isinstance(value, list) and value and isinstance(value[0], str):
+            row[key] = [_text(v) for v in value]
+    return row
+
+
+def _request_rows(
+    call_id: str, request: ParsedRequest, previous_response_head: Callable[[str], str | None]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """(messages rows, params row first; the chain's head hash) of a parsed request."""
+    params, parts = split_params(request.params)
+    params_canonical = canonical_json(params)
+    rows = [
+        _item_row(
+            item_hash(params_canonical, None), None, params_canonical, params, call_id, "params"
+        )
+    ]
+    rows += [_item_row(h, None, c, value, call_id, "param") for h, c, value in parts]
+    parent = (
+        previous_response_head(request.previous_response_id)
+        if request.previous_response_id
+        else None
+    )
+    chain = chain_hashes(request.items, parent)
+    rows += [_item_row(h, p, c, json.loads(c), call_id, "item") for h, p, c in chain]
+    return rows, (chain[-1][0] if chain else parent)
+
+
+def _status(
+    capture: Capture, response: ParsedResponse | None, response_error: str | None
+) -> tuple[str, str | None]:
     """complete, error or incomplete, with the error text."""
     body_text = capture.response_body[:_ERROR_CHARS].decode("utf-8", "replace")
     if capture.status_code is not None and capture.status_code >= 400:
         return "error", f"HTTP {capture.status_code}: {body_text}"
+    if response_error and not capture.response_truncated and not capture.error:
+        # The provider answered, but not in its API's shape: the client failed on it too.
+        return "error", response_error[:_ERROR_CHARS]
+    if capture.response_truncated and not capture.error:
+        return "complete", None  # delivered whole; only Forge's copy was cut
     if response is not None and response.error:
         return "error", response.error[:_ERROR_CHARS]
     if response is not None and response.complete:

@@ -38,13 +38,22 @@ def redact_headers(
     """(headers to store, secret values seen): names lower-cased, repeats joined with ', '."""
     out: dict[str, str] = {}
     secrets: list[str] = []
-    for name, value in headers:
+    for raw_name, raw_value in headers:
+        # mitmproxy decodes header bytes with surrogateescape; store them as valid UTF-8.
+        name, value = _printable(raw_name), _printable(raw_value)
         key = name.lower()
         if key in SECRET_HEADERS or key in redaction.headers:
             secrets.extend(_secret_parts(value))
             value = REDACTED
         out[key] = f"{out[key]}, {value}" if key in out else value
     return out, secrets
+
+
+def _printable(value: str) -> str:
+    """A header or path string as valid UTF-8 (undecodable bytes become U+FFFD)."""
+    if value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _secret_parts(value: str) -> list[str]:
@@ -69,7 +78,7 @@ def _secret_parts(value: str) -> list[str]:
 
 def redact_query(path: str, redaction: Redaction) -> tuple[str, list[str]]:
     """(path with secret query values replaced, the values)."""
-    base, sep, query = path.partition("?")
+    base, sep, query = _printable(path).partition("?")
     if not sep:
         return path, []
     pairs = parse_qsl(query, keep_blank_values=True)

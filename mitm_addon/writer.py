@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
 from mitm_addon import wal as wal_mod
 from mitm_addon.attribution import ProcessInfo
 from mitm_addon.capture import Capture, dumps
 from mitm_addon.config import Config
 from mitm_addon.recorder import build_rows
-from pipeline.shards import read_column_values, remove_stale_temporaries, write_shard
 from mitm_addon.tokens import count_tokens
+from pipeline.schema import TABLES
+from pipeline.shards import read_column_values, remove_stale_temporaries, write_shard
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class Writer:
         self._endpoints_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._shard_seq = 0
+        self._keep_segments = False  # a row could not be stored: keep the WAL for forensics
         self.last_error: str | None = None
         self.calls_written = 0
 
@@ -229,6 +233,17 @@ class Writer:
                     for (h, m, p, s), n in endpoints.items()
                 ]
                 write_shard(self.root, "endpoints", name, rows)
+        except (pa.ArrowException, ValueError, TypeError) as e:
+            # A row Arrow cannot encode must not block every later flush: set the bad rows
+            # aside (their calls stay in this WAL segment, which is then kept) and retry.
+            self.last_error = f"rows Arrow cannot store: {e}"
+            log.error("forge: %s; those calls stay in the WAL", self.last_error)
+            b.calls = _encodable(b.calls, "calls")
+            b.messages = _encodable(b.messages, "messages")
+            with self._endpoints_lock:
+                self._endpoints.update(endpoints)
+            self._keep_segments = True
+            return
         except OSError as e:
             # Rows stay buffered and their WAL segments stay on disk; retried next flush.
             with self._endpoints_lock:
@@ -238,9 +253,9 @@ class Writer:
             return
         self.calls_written += len(b.calls)
         self._buffer = _Buffer()
-        self.last_error = None
-        if upto_segment is not None:
+        if upto_segment is not None and not self._keep_segments:
             self.wal.remove(upto_segment)
+            self.last_error = None
 
     def _recover(self, report: RecoveryReport) -> None:
         segments = [s for s in self.wal.segments() if s < self.wal.seq]
@@ -275,6 +290,20 @@ class Writer:
                 "forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)",
                 report.torn_bytes,
             )
+
+
+def _encodable(rows: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
+    """The rows that Arrow can store under the table's schema (one by one: the slow path)."""
+    kept = []
+    for row in rows:
+        try:
+            pa.Table.from_pylist([row], schema=TABLES[table])
+            kept.append(row)
+        except (pa.ArrowException, ValueError, TypeError) as e:
+            log.error(
+                "forge: set aside a %s row Arrow cannot store (%s); it stays in the WAL", table, e
+            )
+    return kept
 
 
 ProcessLookup = Callable[[int, int], ProcessInfo | None]

@@ -54,7 +54,16 @@ def _guarded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             return fn(*args, **kwargs)
         except ParseError:
             raise
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        # RecursionError: JSON nested deeper than the interpreter's stack (json.loads,
+        # copy.deepcopy) is malformed input too, not a crash.
+        except (
+            KeyError,
+            IndexError,
+            TypeError,
+            AttributeError,
+            ValueError,
+            RecursionError,
+        ) as exc:
             raise ParseError(f"{API}: malformed input ({type(exc).__name__}: {exc})") from exc
 
     return wrapper
