@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 HARNESS_STAMP := .harnesses/node_modules/.forge-installed
 
-.PHONY: setup harnesses demo test test-fast test-slow lint schema-doc clean
+.PHONY: setup harnesses demo test test-fast test-slow soak bench lint schema-doc clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ test-fast: setup
 
 test-slow: setup harnesses
 	$(PY) -m pytest -m slow -q
+
+# Property-based fuzzing at full size: 23,800 generated cases and a 100 MB stream (~10 min).
+soak: setup
+	FORGE_SOAK=1 $(PY) -m pytest tests/mitm_addon/test_fuzz_parsers.py tests/mitm_addon/test_fuzz_hooks.py -q --timeout=1800
 
 lint: setup
 	$(VENV)/bin/ruff check .

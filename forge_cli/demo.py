@@ -1,51 +1,77 @@
-"""``make demo``: record a small harness with Forge, then query what was recorded.
+"""``make demo``: record a harness with Forge, then stitch, reward, group, snapshot and query.
 
 No LLM is reachable from a machine without internet, so a scripted provider stands
 in for api.openai.com (it speaks the real Chat Completions wire format). The toy
 harness (``rl/toy_harness.py``, an ordinary openai-SDK program) runs unmodified under
-``forge record``, three times; then DuckDB queries the Parquet shards.
+``forge record``: two tasks, two rollouts each. A verifier checks each rollout's work
+and writes its reward; then the pipeline's DuckDB views give trees, trajectories and
+GRPO groups, and a snapshot is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
-from pipeline.reconstruct import reconstruct_request
 from pipeline.store import connect
 
+# (task id, instruction, file the verifier expects to hold "hi")
 TASKS = [
-    "Create hello.txt containing hi.",
-    "Create notes.txt with one line: done.",
-    "Write the date into today.txt.",
+    ("hello", "Create hello.txt containing hi.", "hello.txt"),
+    ("greeting", "Create greeting.txt containing hi.", "greeting.txt"),
 ]
-# The scripted provider: consult a helper process, run one shell command, then finish.
-SCRIPT = [
-    {"tool_call": {"name": "consult", "arguments": {"question": "What should the file hold?"}}},
-    {"tool_call": {"name": "shell", "arguments": {"command": "echo hi > hello.txt"}}},
-    {"text": "Done: the file is written."},
-]
+ROLLOUTS_PER_TASK = 2
 QUERIES = {
-    "calls per rollout and process": """
-        SELECT rollout_id, process_name, pid, count(*) AS calls,
-               sum(input_tokens) AS tokens_in, sum(output_tokens) AS tokens_out
-        FROM calls GROUP BY ALL ORDER BY rollout_id, calls DESC""",
-    "one rollout, call by call": """
-        SELECT call_id, api, transport, model, status, request_items, tool_calls, round(duration_ms, 1) AS ms
-        FROM calls WHERE rollout_id = 'demo-1' ORDER BY call_id""",
+    "trajectories": """
+        SELECT rollout_id, task_id, status, reward, n_calls, depth, fan_out, n_agents, tokens_in, tokens_out
+        FROM trajectories ORDER BY rollout_id""",
+    "GRPO groups (advantage = (reward - mean) / std, gamma = 1)": """
+        SELECT group_id, rollout_id, reward, round(advantage, 3) AS advantage, included, drop_reason
+        FROM groups ORDER BY group_id, rollout_id""",
     "storage: content-addressed vs logging every request": """
         SELECT (SELECT sum(content_bytes) FROM messages) AS stored_bytes,
                (SELECT sum(request_bytes) FROM calls) AS raw_request_bytes""",
 }
 
 
-def show(con, title: str, sql: str) -> None:  # type: ignore[no-untyped-def]
-    print(f"\n-- {title}\n{' '.join(sql.split())}")
+class ScriptedExpert:
+    """Consult a helper process, then write hello.txt (right for one task, wrong for the
+    other on every second rollout), then finish: groups with a spread of rewards."""
+
+    def __init__(self) -> None:
+        self._episodes = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self, conv: Any) -> Any:
+        if conv.tool_results == 0:
+            return {"tool_call": {"name": "consult", "arguments": {"question": "Which file?"}}}
+        if conv.tool_results == 1:
+            with self._lock:
+                episode = next(self._episodes)
+            task = str(conv.history[1].get("content", "")) if len(conv.history) > 1 else ""
+            name = "hello.txt" if episode % 2 == 0 else task.split()[1] if task else "hello.txt"
+            return {"tool_call": {"name": "shell", "arguments": {"command": f"echo hi > {name}"}}}
+        return {"text": "Done: the file is written."}
+
+
+def forge(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    """Run a forge command the way a user would, echoing it."""
+    print(f"\n$ forge {' '.join(args)}", flush=True)
+    done = subprocess.run([sys.executable, "-m", "forge_cli.main", *args], cwd=cwd, env=env, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"forge demo: `forge {args[0]}` failed with exit code {done.returncode}")
+
+
+def show(con: Any, title: str, sql: str) -> None:
+    print(f"\n-- {title}")
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
     rows = cur.fetchall()
@@ -56,68 +82,40 @@ def show(con, title: str, sql: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None
-    )
+    p = argparse.ArgumentParser(prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--out", type=Path, default=Path("data/runs/demo"))
+    p.add_argument("--snapshot", type=Path, default=Path("data/snapshots/demo"))
     args = p.parse_args(argv)
     from tests.support.upstream import ScriptedUpstream  # the scripted provider
 
-    out = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)
+    out, snapshot = args.out.resolve(), args.snapshot.resolve()
+    for old in (out, snapshot):
+        if old.exists():
+            shutil.rmtree(old)
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["OPENAI_API_KEY"] = "sk-demo-not-a-real-key"
-    with ScriptedUpstream(SCRIPT, side_text="It should hold the word hi.") as provider:
+    with ScriptedUpstream(ScriptedExpert(), side_text="It should hold the word hi.") as provider:
         print(f"forge demo: scripted provider for api.openai.com on {provider.base_url}")
-        for i, task in enumerate(TASKS, 1):
-            work = Path(tempfile.mkdtemp(prefix=f"forge-demo-{i}-"))
-            cmd = [
-                sys.executable,
-                "-m",
-                "forge_cli.main",
-                "record",
-                "--out",
-                str(out),
-                "--rollout",
-                f"demo-{i}",
-                "--upstream",
-                f"api.openai.com={provider.base_url}",
-                "--",
-                sys.executable,
-                "-m",
-                "rl.toy_harness",
-                task,
-            ]
-            print(
-                f"\n$ forge record --out {args.out} --rollout demo-{i} --upstream api.openai.com=... "
-                f"-- python -m rl.toy_harness {task!r}"
-            )
-            done = subprocess.run(cmd, cwd=work, env=env, timeout=300)
+        for (task_id, instruction, expected), n in itertools.product(TASKS, range(ROLLOUTS_PER_TASK)):
+            rollout = f"{task_id}-{n}"
+            work = Path(tempfile.mkdtemp(prefix=f"forge-demo-{rollout}-"))
+            forge("record", "--out", str(out), "--rollout", rollout, "--task", task_id, "--harness", "toy",
+                  "--upstream", f"api.openai.com={provider.base_url}",
+                  "--", sys.executable, "-m", "rl.toy_harness", instruction, cwd=work, env=env)
+            # The verifier: did the harness write the file the task asked for?
+            target = work / expected
+            ok = target.exists() and target.read_text().strip() == "hi"
+            forge("reward", "--data", str(out), "--rollout", rollout, "--reward", "1" if ok else "0",
+                  "--source", "demo verifier")
             shutil.rmtree(work, ignore_errors=True)
-            if done.returncode != 0:
-                print(
-                    f"forge demo: rollout {i} failed with exit code {done.returncode}",
-                    file=sys.stderr,
-                )
-                return done.returncode
+    forge("tree", "--data", str(out), "--rollout", "hello-0")
     con = connect(out)
     for title, sql in QUERIES.items():
         show(con, title, sql)
-    first = con.execute(
-        "SELECT call_id FROM calls WHERE rollout_id = 'demo-1' ORDER BY call_id DESC LIMIT 1"
-    ).fetchone()
-    if first:
-        body = reconstruct_request(con, first[0])
-        print(
-            f"\n-- the last call of demo-1, rebuilt from the content-addressed store: "
-            f"{len(body['messages'])} messages, model {body['model']}"
-        )
-    print(f"\nforge demo: wrote {out} (calls/, messages/, endpoints/ Parquet shards).")
-    print(
-        f'Try: .venv/bin/python -c "from pipeline.store import connect; '
-        f"print(connect('{args.out}').sql('select * from calls'))\""
-    )
+    forge("eval", "--data", str(out), "--k", "1,2")
+    forge("snapshot", "--data", str(out), "--out", str(snapshot))
+    print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}")
+    print(f"Try: .venv/bin/forge sql --data {args.out} \"select * from edges\"")
     return 0
 
 

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
-from forge_cli import record
 from forge_cli.proxy import ForgeError
+
+# Subcommand modules, in the order ``forge --help`` lists them; each has add_parser(sub).
+COMMANDS = (
+    "record",
+    "cmd_sql",
+    "cmd_tree",
+    "cmd_snapshot",
+    "cmd_export",
+    "cmd_reward",
+    "cmd_eval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train agents inside the real harness they ship with.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    record.add_parser(sub)
+    for name in COMMANDS:
+        importlib.import_module(f"forge_cli.{name}").add_parser(sub)
     return parser
 
 
