@@ -58,7 +58,9 @@ def reconstruct_request(
     items = items if items is not None else load_items(con)
     if params_hash not in items:
         raise MissingRow(f"no params row {params_hash!r}")
-    body: dict[str, Any] = resolve_refs(json.loads(items[params_hash][1]), lambda h: _content(items, h))
+    body: dict[str, Any] = resolve_refs(
+        json.loads(items[params_hash][1]), lambda h: _content(items, h)
+    )
     chain = walk_back(items, head, n or 0)
     if form == "string":
         body[list_key] = chain[0]
