@@ -401,7 +401,7 @@ def write_snapshot(
     finally:
         if own:
             con.close()
-    logger.info("snapshot %s: %s", out, result.rows)
+    logger.debug("snapshot %s: %s", out, result.rows)
     return result
 
 

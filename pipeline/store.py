@@ -73,8 +73,8 @@ def audits(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Rows returned by each audit query (every one must be 0)."""
     out: dict[str, int] = {}
     for name in audit_names():
-        (n,) = con.execute(
-            f"SELECT count(*) FROM ({sql_text(name).rstrip().rstrip(';')})"
-        ).fetchone() or (0,)
+        query = f"SELECT count(*) FROM ({sql_text(name).rstrip().rstrip(';')})"
+        # fetchall, not fetchone: DuckDB 2.0 keeps a fetchone result open on the connection.
+        ((n,),) = con.execute(query).fetchall()
         out[name] = int(n)
     return out

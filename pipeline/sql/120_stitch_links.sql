@@ -4,8 +4,8 @@
 --   hash_chain            that call's response is on the request's hash chain;
 --   normalised_chain      the harness re-sent that call's response altered (cache_control
 --                         moved, ids or status dropped, content:null absent): the item at
---                         the response's position, and the one before it, equal the
---                         earlier call's after forge_normalise_item.
+--                         the position of its response's last item, and the one before,
+--                         equal that call's after forge_normalise_item.
 -- Otherwise the nearest wins: the largest position in the conversation (an alteration can
 -- hide the parent's response from the hash chain and leave an older one on it), then
 -- hash_chain, then a call of the same agent, then the latest.
@@ -102,16 +102,18 @@ placed AS MATERIALIZED (
 -- earlier calls whose response ended at the position of a walked item
 pairs AS MATERIALIZED (
     SELECT t.call_id, t.hash, t.pos, t.state, a.call_id AS parent_call_id, a.seq AS parent_seq,
-        a.response_head_hash, a.request_head_hash, a.agent_hint = b.agent_hint AS same_agent
+        a.response_head_hash, r.parent_hash AS response_prev_hash,
+        a.agent_hint = b.agent_hint AS same_agent
     FROM placed AS t
     JOIN sc AS a ON a.rollout_key = t.rollout_key AND a.resp_pos = t.pos
     JOIN sc AS b ON b.call_id = t.call_id
+    JOIN items AS r ON r.hash = a.response_head_hash
     WHERE a.seq < t.seq
 ),
 needed AS (
     SELECT hash FROM pairs
     UNION SELECT response_head_hash FROM pairs
-    UNION SELECT request_head_hash FROM pairs
+    UNION SELECT response_prev_hash FROM pairs
     UNION SELECT p.hash FROM placed AS p SEMI JOIN pairs AS q ON q.call_id = p.call_id
 ),
 normalised AS MATERIALIZED (
@@ -129,11 +131,11 @@ by_normalised AS (
     JOIN normalised AS nr ON nr.hash = q.response_head_hash
     LEFT JOIN placed AS before ON before.call_id = q.call_id AND before.pos = q.pos - 1
     LEFT JOIN normalised AS nb ON nb.hash = before.hash
-    LEFT JOIN normalised AS nq ON nq.hash = q.request_head_hash
+    LEFT JOIN normalised AS np ON np.hash = q.response_prev_hash
     WHERE ni.item = nr.item
-        -- the item before it is the earlier call's last request item (a junction item
-        -- is shared with an earlier call, so what precedes it is too)
-        AND (q.state = 'junction' OR before.hash = q.request_head_hash OR nb.item = nq.item)
+        -- and the item before it is the one before the earlier call's response head (a
+        -- junction item is shared with an earlier call, so what precedes it is too)
+        AND (q.state = 'junction' OR before.hash = q.response_prev_hash OR nb.item = np.item)
 ),
 best AS (
     SELECT
