@@ -16,7 +16,8 @@
 -- A call with no parent in stitch_links starts a chain. It is a retry when its request is
 -- a same-agent call's whole request plus nothing or more (stitch_links.junction_*): it
 -- gets that call's parent and kind. Any other chain start R takes, in this order:
---   side calls  the latest non-side call of the same agent, else of the rollout (time);
+--   side calls  the latest non-side call of the same agent, else as process_tree below,
+--               else the latest non-side call of the rollout (time);
 --   compacts    the latest earlier call of R's own agent (unless R offers no tools and
 --               that call did: a helper such as a probe), except where the agent is known
 --               only by its process and that call's tool call was still pending (no
@@ -87,7 +88,7 @@ side_own AS (
         ON p.rollout_key = s.rollout_key AND p.agent_hint = s.agent_hint AND p.seq < s.seq
 ),
 side_any AS (
-    SELECT s.call_id AS child_call_id, p.call_id AS parent_call_id, 'time' AS evidence, 2 AS rule
+    SELECT s.call_id AS child_call_id, p.call_id AS parent_call_id, 'time' AS evidence, 6 AS rule
     FROM (FROM starts WHERE is_side_call) AS s
     ASOF JOIN cand AS p ON p.rollout_key = s.rollout_key AND p.seq < s.seq
 ),
@@ -132,7 +133,7 @@ ancestors AS (
         unnest(s.parent_pids) AS ancestor_pid,
         generate_subscripts(s.parent_pids, 1) AS distance
     FROM starts AS s
-    WHERE NOT s.is_side_call AND len(s.parent_pids) > 0
+    WHERE len(s.parent_pids) > 0
 ),
 by_process AS (
     SELECT a.call_id AS child_call_id,
@@ -154,7 +155,7 @@ by_time AS (
                 THEN ps.call_id
             WHEN pt.next_seq IS NULL OR pt.next_seq > s.seq THEN pt.call_id
         END AS parent_call_id,
-        'time' AS evidence, 6 AS rule
+        'time' AS evidence, 7 AS rule
     FROM (FROM starts WHERE NOT is_side_call) AS s
     ASOF JOIN cand_tool AS pt ON pt.rollout_key = s.rollout_key AND pt.seq < s.seq
     ASOF LEFT JOIN cand_spawn AS ps ON ps.rollout_key = s.rollout_key AND ps.seq < s.seq

@@ -202,6 +202,10 @@ class OfferedTool:
     name: str
     kind: str  # "function", "custom", "local_shell", or a server tool's type
     spec: Mapping[str, Any]
+    # Responses tools grouped in a ``{"type": "namespace"}`` tool (Codex's
+    # ``collaboration`` namespace holds spawn_agent, wait_agent, ...): the namespace's
+    # name, which a call to the tool must carry.
+    namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,7 @@ class ResolvedCall:
     name: str
     kind: str
     arguments: Any
+    namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,11 +346,12 @@ def resolve_call(spec: ToolCallSpec, conv: Conversation,
     offered = {t.name: t for t in conv.tools}
     if spec.name is not None and spec.name in offered:
         kind = offered[spec.name].kind
-        return ResolvedCall(spec.name, kind, _adapt_arguments(spec.arguments, kind))
+        return ResolvedCall(spec.name, kind, _adapt_arguments(spec.arguments, kind),
+                            offered[spec.name].namespace)
     for name, args in (spec.by_tool or {}).items():
         if name in offered:
             kind = offered[name].kind
-            return ResolvedCall(name, kind, _adapt_arguments(args, kind))
+            return ResolvedCall(name, kind, _adapt_arguments(args, kind), offered[name].namespace)
     if tool_mapper is not None:
         mapped = tool_mapper(spec, conv)
         if mapped is not None:
@@ -573,6 +579,11 @@ def _responses_conversation(body: Mapping[str, Any], history: list[Any],
             tools.append(OfferedTool(str(t.get("name")), ttype, t))
         else:
             tools.append(OfferedTool(str(t.get("name") or ttype), ttype, t))
+        if ttype == "namespace":
+            for inner in t.get("tools") or []:
+                if isinstance(inner, Mapping) and isinstance(inner.get("name"), str):
+                    tools.append(OfferedTool(inner["name"], str(inner.get("type", "function")),
+                                             inner, namespace=str(t.get("name"))))
     results = sum(1 for it in history if isinstance(it, Mapping)
                   and str(it.get("type", "")).endswith("_call_output"))
     return Conversation("openai_responses", body, tuple(tools), results, tuple(history),
@@ -779,9 +790,11 @@ def build_response(body: Mapping[str, Any], reply: Reply | None,
                            "status": "completed", "call_id": call_id, "action": c.arguments})
         else:
             args = c.arguments if isinstance(c.arguments, str) else _compact(c.arguments)
-            output.append({"id": "fc_" + _hex(48), "type": "function_call",
-                           "status": "completed", "arguments": args, "call_id": call_id,
-                           "name": c.name})
+            item = {"id": "fc_" + _hex(48), "type": "function_call", "status": "completed",
+                    "arguments": args, "call_id": call_id, "name": c.name}
+            if c.namespace is not None:
+                item["namespace"] = c.namespace
+            output.append(item)
     reasoning_raw, text_raw = body.get("reasoning"), body.get("text")
     reasoning: Mapping[str, Any] = reasoning_raw if isinstance(reasoning_raw, Mapping) else {}
     text_cfg: Mapping[str, Any] = text_raw if isinstance(text_raw, Mapping) else {}

@@ -1,0 +1,81 @@
+"""Run the benchmarks and merge their figures into bench/results.json and bench/results.md.
+
+    python -m bench.run_all                 # full sizes: 1,000,000 calls; 10, 100, 1000 turns
+    python -m bench.run_all --quick         # a smoke run at small sizes (not for quoting)
+    python -m bench.run_all --only storage  # one benchmark
+
+Each benchmark replaces its own entry in the results files and keeps the others', so
+benchmarks added later (proxy overhead, rollouts per minute) merge into the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import bench_pipeline, bench_storage, results
+
+BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
+    "storage": lambda a: ["--turns", a.turns, "--seed", str(a.seed)],
+    "pipeline": lambda a: [
+        "--calls",
+        str(a.calls),
+        "--seed",
+        str(a.seed),
+        "--repeat",
+        str(a.repeat),
+    ],
+}
+_MAINS: dict[str, Callable[[list[str]], int]] = {
+    "storage": bench_storage.main,
+    "pipeline": bench_pipeline.main,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run_all", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--calls", type=int, default=1_000_000, help="pipeline benchmark size")
+    parser.add_argument("--turns", default="10,100,1000", help="storage benchmark lengths")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        choices=sorted(BENCHMARKS),
+        action="append",
+        help="run only this benchmark (repeatable)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes (20,000 calls; 10 and 100 turns; best of 1)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="folder of results.json and results.md (default: bench/, or bench/out/quick "
+        "with --quick, so that a smoke run never replaces quoted figures)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.turns, args.repeat = 20_000, "10,100", 1
+    if args.results is None:
+        args.results = results.BENCH_DIR / "out" / "quick" if args.quick else results.BENCH_DIR
+    args.results.mkdir(parents=True, exist_ok=True)
+    for name in args.only or list(BENCHMARKS):
+        print(f"== {name}", flush=True)
+        code = _MAINS[name]([*BENCHMARKS[name](args), "--results", str(args.results)])
+        if code:
+            return code
+    figures = results.load(args.results / "results.json")["figures"]
+    print(json.dumps(figures, indent=2))
+    print(f"wrote {args.results / 'results.json'} and {args.results / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
