@@ -2,10 +2,11 @@
 -- rollout whose conversation it extends (parent_call_id, NULL when none) and the evidence:
 --   previous_response_id  the request names that call's response (Responses API); it wins;
 --   hash_chain            that call's response is on the request's hash chain;
---   normalised_chain      the harness re-sent that call's response altered (cache_control
---                         moved, ids or status dropped, content:null absent): the item at
---                         the position of its response's last item, and the one before,
---                         equal that call's after forge_normalise_item.
+--   normalised_chain      the harness re-sent that call's response re-chained or altered
+--                         (cache_control moved, ids or status dropped, content:null
+--                         absent): the item at the position of its response's last item
+--                         equals that call's, as is or after forge_normalise_item, and the
+--                         one before it is the same or alike (role, type, size).
 -- Otherwise the nearest wins: the largest position in the conversation (an alteration can
 -- hide the parent's response from the hash chain and leave an older one on it), then
 -- hash_chain, then a call of the same agent, then the latest.
@@ -112,30 +113,40 @@ pairs AS MATERIALIZED (
 ),
 needed AS (
     SELECT hash FROM pairs
-    UNION SELECT response_head_hash FROM pairs
-    UNION SELECT response_prev_hash FROM pairs
-    UNION SELECT p.hash FROM placed AS p SEMI JOIN pairs AS q ON q.call_id = p.call_id
+    UNION ALL SELECT response_head_hash FROM pairs
+    UNION ALL SELECT response_prev_hash FROM pairs
+    UNION ALL SELECT p.hash FROM placed AS p JOIN pairs AS q ON q.call_id = p.call_id AND p.pos = q.pos - 1
 ),
-normalised AS MATERIALIZED (
-    SELECT m.hash, forge_normalise_item(any_value(m.content_json)) AS item
-    FROM needed AS n
-    JOIN messages AS m ON m.hash = n.hash
-    WHERE m.kind = 'item'
-    GROUP BY m.hash
+-- (a hash stored twice only repeats a comparison)
+contents AS MATERIALIZED (
+    SELECT hash, role, item_type, content_bytes, content_json
+    FROM messages
+    WHERE kind = 'item' AND hash IN (SELECT hash FROM needed)
 ),
 by_normalised AS (
     SELECT q.call_id, q.parent_call_id, q.parent_seq,
         'normalised_chain' AS evidence, 3 AS priority, q.pos, q.same_agent
     FROM pairs AS q
-    JOIN normalised AS ni ON ni.hash = q.hash
-    JOIN normalised AS nr ON nr.hash = q.response_head_hash
+    JOIN contents AS ci ON ci.hash = q.hash
+    JOIN contents AS cr ON cr.hash = q.response_head_hash
     LEFT JOIN placed AS before ON before.call_id = q.call_id AND before.pos = q.pos - 1
-    LEFT JOIN normalised AS nb ON nb.hash = before.hash
-    LEFT JOIN normalised AS np ON np.hash = q.response_prev_hash
-    WHERE ni.item = nr.item
-        -- and the item before it is the one before the earlier call's response head (a
-        -- junction item is shared with an earlier call, so what precedes it is too)
-        AND (q.state = 'junction' OR before.hash = q.response_prev_hash OR nb.item = np.item)
+    LEFT JOIN contents AS cb ON cb.hash = before.hash
+    LEFT JOIN contents AS cp ON cp.hash = q.response_prev_hash
+    WHERE ci.role IS NOT DISTINCT FROM cr.role
+        AND ci.item_type IS NOT DISTINCT FROM cr.item_type
+        -- the item before it looks like the one before that call's response: the same,
+        -- or of the same role and type and about the size (a junction item is shared
+        -- with an earlier call, so what precedes it is too)
+        AND (
+            q.state = 'junction'
+            OR before.hash = q.response_prev_hash
+            OR (cb.role IS NOT DISTINCT FROM cp.role
+                AND cb.item_type IS NOT DISTINCT FROM cp.item_type
+                AND abs(cb.content_bytes - cp.content_bytes) <= 1024)
+        )
+        -- the same item re-chained (Claude Code: the parent changed), else altered
+        AND (ci.content_json = cr.content_json
+            OR forge_normalise_item(ci.content_json) = forge_normalise_item(cr.content_json))
 ),
 best AS (
     SELECT

@@ -135,18 +135,21 @@ ancestors AS (
     FROM starts AS s
     WHERE len(s.parent_pids) > 0
 ),
+-- (a join on the process, not ASOF: DuckDB runs an ASOF with few rows on its left as a
+-- nested loop over every candidate)
 by_process AS (
-    SELECT a.call_id AS child_call_id,
-        coalesce(ps.call_id, pt.call_id, pa.call_id) AS parent_call_id,
-        'process_tree' AS evidence, 5 AS rule
-    FROM (FROM ancestors WHERE ancestor_pid IS DISTINCT FROM pid) AS a
-    ASOF JOIN cand AS pa
-        ON pa.rollout_key = a.rollout_key AND pa.pid = a.ancestor_pid AND pa.seq < a.seq
-    ASOF LEFT JOIN cand_spawn AS ps
-        ON ps.rollout_key = a.rollout_key AND ps.pid = a.ancestor_pid AND ps.seq < a.seq
-    ASOF LEFT JOIN cand_tool AS pt
-        ON pt.rollout_key = a.rollout_key AND pt.pid = a.ancestor_pid AND pt.seq < a.seq
-    QUALIFY row_number() OVER (PARTITION BY a.call_id ORDER BY a.distance) = 1
+    SELECT
+        a.call_id AS child_call_id,
+        arg_max(
+            p.call_id, {'distance': -a.distance, 'spawn': p.spawn_call, 'tool': p.n_tool_calls > 0,
+                'seq': p.seq}
+        ) AS parent_call_id,
+        'process_tree' AS evidence,
+        5 AS rule
+    FROM ancestors AS a
+    JOIN cand AS p ON p.rollout_key = a.rollout_key AND p.pid = a.ancestor_pid
+    WHERE p.seq < a.seq AND a.ancestor_pid IS DISTINCT FROM a.pid
+    GROUP BY a.call_id
 ),
 by_time AS (
     SELECT s.call_id AS child_call_id,
