@@ -16,6 +16,7 @@ The shards come from ``bench.gen_shards`` (cached under ``bench/out/``), or ``--
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,15 @@ def materialisation_order(targets: tuple[str, ...] = TARGETS) -> list[str]:
             needed.add(name)
             stack.extend(refs.get(name, ()))
     return [name for kind, name, _ in defs if kind == "VIEW" and name in needed]
+
+
+def sql_fingerprint() -> str:
+    """sha256 over every pipeline/sql file (name and text), in order."""
+    digest = hashlib.sha256()
+    folder = resources.files("pipeline").joinpath("sql")
+    for path in sorted((p for p in folder.iterdir() if p.name.endswith(".sql")), key=str):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _walk_plan(node: Any, out: list[list[str]]) -> None:
@@ -135,6 +146,7 @@ class Measurement:
     threads: int = 0
     memory_limit: str = ""
     bytes: int = 0
+    sql_sha: str = ""  # sha256 of pipeline/sql/*.sql: which version of the views was timed
 
     @property
     def scan(self) -> float:
@@ -237,6 +249,7 @@ def measure(
         p.stat().st_size for t in ("calls", "messages") for p in store.shard_paths(path, t)
     )
     m.order = materialisation_order()
+    m.sql_sha = sql_fingerprint()
     con = _connect(path, tmp)
     try:
         m.columns = scanned_columns(con)
@@ -289,6 +302,12 @@ def render(m: Measurement) -> tuple[dict[str, float], str]:
     lines += [
         f"| **stitch and group (total)** | **{m.pipeline:.2f}** | |",
         f"| **ratio to the scan** | **{m.ratio:.1f}x** | |",
+        "",
+        "Every run, seconds: scan "
+        + ", ".join(f"{s:.2f}" for s in m.scan_seconds)
+        + "; stitch and group "
+        + ", ".join(f"{s:.2f}" for s in m.pipeline_seconds)
+        + f". pipeline/sql: {m.sql_sha[:12]}.",
     ]
     return figures, "\n".join(lines) + "\n"
 

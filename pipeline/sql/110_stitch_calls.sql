@@ -48,7 +48,9 @@ model_use AS (
 main_model AS (
     SELECT rollout_key, model AS main_model
     FROM model_use
-    QUALIFY row_number() OVER (PARTITION BY rollout_key ORDER BY n_with_tools DESC, n DESC, model) = 1
+    QUALIFY row_number() OVER (
+        PARTITION BY rollout_key ORDER BY n_with_tools DESC, n DESC, model
+    ) = 1
 )
 SELECT
     b.call_id,

@@ -111,42 +111,57 @@ pairs AS MATERIALIZED (
     JOIN items AS r ON r.hash = a.response_head_hash
     WHERE a.seq < t.seq
 ),
-needed AS (
-    SELECT hash FROM pairs
-    UNION ALL SELECT response_head_hash FROM pairs
-    UNION ALL SELECT response_prev_hash FROM pairs
-    UNION ALL SELECT p.hash FROM placed AS p JOIN pairs AS q ON q.call_id = p.call_id AND p.pos = q.pos - 1
+-- pairs worth reading the contents of. The tests are computed as a column on joins by key:
+-- as join conditions, DuckDB would join on role or type first (a near cross product).
+plausible AS MATERIALIZED (
+    SELECT q.call_id, q.hash, q.response_head_hash, q.parent_call_id, q.parent_seq, q.pos,
+        q.same_agent,
+        -- the item has the response's role and type, and the item before it looks like the
+        -- one before that call's response: the same, or of the same role and type and about
+        -- the size (a junction item is shared with an earlier call, so what precedes it is)
+        coalesce(
+            si.role IS NOT DISTINCT FROM sr.role
+            AND si.item_type IS NOT DISTINCT FROM sr.item_type
+            AND (
+                q.state = 'junction'
+                OR b.hash = q.response_prev_hash
+                OR (sb.role IS NOT DISTINCT FROM sp.role
+                    AND sb.item_type IS NOT DISTINCT FROM sp.item_type
+                    AND abs(sb.content_bytes - sp.content_bytes) <= 1024)
+            ),
+            false
+        ) AS alike
+    FROM pairs AS q
+    JOIN items AS si ON si.hash = q.hash
+    JOIN items AS sr ON sr.hash = q.response_head_hash
+    LEFT JOIN placed AS b ON b.call_id = q.call_id AND b.pos = q.pos - 1
+    LEFT JOIN items AS sb ON sb.hash = b.hash
+    LEFT JOIN items AS sp ON sp.hash = q.response_prev_hash
 ),
 -- (a hash stored twice only repeats a comparison)
 contents AS MATERIALIZED (
-    SELECT hash, role, item_type, content_bytes, content_json
-    FROM messages
-    WHERE kind = 'item' AND hash IN (SELECT hash FROM needed)
+    SELECT m.hash, m.content_json
+    FROM (SELECT hash FROM plausible WHERE alike UNION SELECT response_head_hash FROM plausible WHERE alike) AS n
+    JOIN messages AS m ON m.hash = n.hash
+    WHERE m.kind = 'item'
 ),
-by_normalised AS (
-    SELECT q.call_id, q.parent_call_id, q.parent_seq,
-        'normalised_chain' AS evidence, 3 AS priority, q.pos, q.same_agent
-    FROM pairs AS q
+-- the same item re-chained (Claude Code: its parent changed), else altered; computed as a
+-- column so that the regular expressions run once, after the cheap test
+compared AS MATERIALIZED (
+    SELECT q.call_id, q.parent_call_id, q.parent_seq, q.pos, q.same_agent,
+        CASE
+            WHEN ci.content_json = cr.content_json THEN true
+            ELSE forge_normalise_item(ci.content_json) = forge_normalise_item(cr.content_json)
+        END AS same_item
+    FROM (FROM plausible WHERE alike) AS q
     JOIN contents AS ci ON ci.hash = q.hash
     JOIN contents AS cr ON cr.hash = q.response_head_hash
-    LEFT JOIN placed AS before ON before.call_id = q.call_id AND before.pos = q.pos - 1
-    LEFT JOIN contents AS cb ON cb.hash = before.hash
-    LEFT JOIN contents AS cp ON cp.hash = q.response_prev_hash
-    WHERE ci.role IS NOT DISTINCT FROM cr.role
-        AND ci.item_type IS NOT DISTINCT FROM cr.item_type
-        -- the item before it looks like the one before that call's response: the same,
-        -- or of the same role and type and about the size (a junction item is shared
-        -- with an earlier call, so what precedes it is too)
-        AND (
-            q.state = 'junction'
-            OR before.hash = q.response_prev_hash
-            OR (cb.role IS NOT DISTINCT FROM cp.role
-                AND cb.item_type IS NOT DISTINCT FROM cp.item_type
-                AND abs(cb.content_bytes - cp.content_bytes) <= 1024)
-        )
-        -- the same item re-chained (Claude Code: the parent changed), else altered
-        AND (ci.content_json = cr.content_json
-            OR forge_normalise_item(ci.content_json) = forge_normalise_item(cr.content_json))
+),
+by_normalised AS (
+    SELECT call_id, parent_call_id, parent_seq, 'normalised_chain' AS evidence, 3 AS priority,
+        pos, same_agent
+    FROM compared
+    WHERE same_item
 ),
 best AS (
     SELECT

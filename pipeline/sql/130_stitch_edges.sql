@@ -14,8 +14,9 @@
 --   process_tree or time (first calls of new chains, below).
 --
 -- A call with no parent in stitch_links starts a chain. It is a retry when its request is
--- a same-agent call's whole request plus nothing or more (stitch_links.junction_*): it
--- gets that call's parent and kind. Any other chain start R takes, in this order:
+-- a same-agent call's whole request plus nothing or more (stitch_links.junction_*) and no
+-- call continued that one: it gets that call's parent and kind. Any other chain start R
+-- takes, in this order:
 --   side calls  the latest non-side call of the same agent, else as process_tree below,
 --               else the latest non-side call of the rollout (time);
 --   compacts    the latest earlier call of R's own agent (unless R offers no tools and
@@ -38,6 +39,9 @@ linked AS (
     FROM sc
     WHERE parent_call_id IS NOT NULL
 ),
+-- calls re-sending the whole request of a same-agent call that nothing continued (it
+-- failed, or its answer was dropped): siblings of that call. (A compaction that restarts
+-- from the first request's items is no retry: the first call was continued.)
 retries AS (
     SELECT c.call_id, x.call_id AS of_call_id
     FROM sc AS c
@@ -46,6 +50,7 @@ retries AS (
         AND c.junction_hash = x.request_head_hash
         AND x.agent_hint = c.agent_hint
         AND x.call_id <> c.call_id
+        AND x.call_id NOT IN (SELECT parent_call_id FROM linked)
 ),
 first_calls AS (
     SELECT rollout_key, min(seq) AS first_seq FROM sc GROUP BY rollout_key
@@ -186,6 +191,7 @@ first_edges AS (
     UNION ALL
     SELECT * FROM chain_starts
 ),
+-- a retry gets its original's parent (a link, or a chain start's edge)
 retried AS (
     SELECT r.call_id AS child_call_id, e.parent_call_id,
         CASE
@@ -194,7 +200,16 @@ retried AS (
         END AS kind,
         e.evidence
     FROM retries AS r
-    JOIN first_edges AS e ON e.child_call_id = r.of_call_id
+    JOIN (
+        -- (several retries of one call must not repeat its row)
+        SELECT x.call_id AS of_call_id, x.parent_call_id, x.link_kind AS kind, x.evidence
+        FROM sc AS x
+        WHERE x.parent_call_id IS NOT NULL
+            AND x.call_id IN (SELECT of_call_id FROM retries)
+        UNION ALL
+        SELECT child_call_id, parent_call_id, kind, evidence
+        FROM chain_starts
+    ) AS e USING (of_call_id)
     JOIN sc AS c ON c.call_id = r.call_id
     JOIN sc AS p ON p.call_id = e.parent_call_id
     WHERE p.seq < c.seq

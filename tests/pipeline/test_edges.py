@@ -895,3 +895,39 @@ def test_render_tree_keeps_a_long_conversation_in_one_column() -> None:
 
     lines = cmd_tree.render_tree([node(i) for i in range(2000)])
     assert len(lines) == 2000 and all(not line.startswith((" ", "│", "├", "└")) for line in lines)
+
+
+def test_a_compaction_restarting_from_the_first_request_is_no_retry(tmp_path: Path) -> None:
+    # Codex-style: the compacted chain re-sends the first request's items, then a summary.
+    run = Run()
+    first = [SYSTEM, user("go")]
+    run.call("a", first, [tool_use("t1")], at=0, **codex("th"))
+    run.call(
+        "b", first + [tool_use("t1"), tool_result("t1")], [say("step done")], at=1, **codex("th")
+    )
+    run.call(
+        "c",
+        first + [user("Summary of the work so far: step done.")],
+        [tool_use("t2")],
+        at=2,
+        **codex("th"),
+    )
+    con = run.open(tmp_path)
+    assert parents(con)["c"] == ("b", "compacts", "header")
+
+
+def test_a_sub_agent_first_call_failing_twice_gives_each_retry_one_edge(tmp_path: Path) -> None:
+    run = Run()
+    main = [SYSTEM, user("use a sub-agent")]
+    run.call("a", main, [tool_use("t1", "Agent")], at=0, **claude())
+    sub = [user("write hello.txt")]
+    run.call("f1", sub, None, at=1, status="error", error="HTTP 529", **claude("ag1"))
+    run.call("f2", sub, None, at=2, status="error", error="HTTP 529", **claude("ag1"))
+    run.call("s1", sub, [say("written")], at=3, **claude("ag1"))
+    con = run.open(tmp_path)
+    assert parents(con) == {
+        "f1": ("a", "spawns", "header"),
+        "f2": ("a", "spawns", "header"),
+        "s1": ("a", "spawns", "header"),
+    }
+    assert_clean(con)
