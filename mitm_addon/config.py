@@ -50,6 +50,7 @@ class Config:
     rotate_seconds: float = 60.0
     max_body_bytes: int = 256 * 1024 * 1024
     on_write_error: str = "fail"
+    min_free_bytes: int = 64 * 1024 * 1024
     process_lookup: bool = True
     refuse_websocket: bool = False
 
@@ -131,4 +132,10 @@ def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 def parse_positive(name: str, value: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def parse_non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise ConfigError(f"{name} must be >= 0, got {value}")
     return value

@@ -167,6 +167,14 @@ class ForgeAddon:
             "507 so nothing passes unrecorded) or warn (pass the call and log an error).",
         )
         loader.add_option(
+            "forge_min_free_bytes",
+            int,
+            64 * 1024 * 1024,
+            "Treat the disk as full when less than this is free under forge_dir: a call that "
+            "starts then is a write error (see forge_on_write_error), so a response is never "
+            "passed that could not be logged. 0 turns the check off.",
+        )
+        loader.add_option(
             "forge_process_lookup",
             bool,
             True,
@@ -216,6 +224,9 @@ class ForgeAddon:
                 ),
                 on_write_error=cfg.parse_choice(
                     "forge_on_write_error", o.forge_on_write_error, ("fail", "warn")
+                ),
+                min_free_bytes=cfg.parse_non_negative(
+                    "forge_min_free_bytes", o.forge_min_free_bytes
                 ),
                 process_lookup=o.forge_process_lookup,
                 refuse_websocket=o.forge_refuse_websocket,

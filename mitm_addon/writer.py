@@ -10,7 +10,9 @@ the shard is durable. ``start`` first recovers the segments a killed proxy left.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
+import os
 import queue
 import threading
 import time
@@ -78,11 +80,25 @@ class Writer:
     # -- hooks (event loop thread) ---------------------------------------------------
 
     def begin(self, capture: Capture) -> None:
-        """Log that a call started. Raises OSError when the log cannot be written."""
+        """Log that a call started. Raises OSError when the log cannot be written, or when
+        less than ``min_free_bytes`` is free: the call's response must fit too."""
+        self._check_free_space()
         frame = wal_mod.encode_frame(wal_mod.BEGIN, dumps(capture.begin_header()), b"")
         with self.wal.lock:
             self.wal.append_locked(frame)
             self._open[capture.call_id] = frame
+
+    def _check_free_space(self) -> None:
+        if not self.config.min_free_bytes:
+            return
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        if free < self.config.min_free_bytes:
+            raise OSError(
+                errno.ENOSPC,
+                f"{free / 2**20:.1f} MiB free under {self.root}, below forge_min_free_bytes "
+                f"({self.config.min_free_bytes / 2**20:.1f} MiB)",
+            )
 
     def end(
         self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
