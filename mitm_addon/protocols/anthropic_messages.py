@@ -11,72 +11,26 @@ usage, ``message_stop`` ends the stream.
 from __future__ import annotations
 
 import copy
-import functools
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from mitm_addon.protocols.base import (
     Adapter,
+    Checks,
     ParsedRequest,
     ParsedResponse,
     ParseError,
     SseEvent,
     Usage,
+    opt_int,
     split_request,
 )
 
 API = "anthropic_messages"
 LIST_KEY = "messages"
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _guarded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn any lookup or type slip on malformed input into ParseError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return fn(*args, **kwargs)
-        except ParseError:
-            raise
-        # RecursionError: JSON nested deeper than the interpreter's stack (json.loads,
-        # copy.deepcopy) is malformed input too, not a crash.
-        except (
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            ValueError,
-            RecursionError,
-        ) as exc:
-            raise ParseError(f"{API}: malformed input ({type(exc).__name__}: {exc})") from exc
-
-    return wrapper
-
-
-def _obj(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ParseError(f"{API}: {what} is not a JSON object")
-    return value
-
-
-def _arr(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ParseError(f"{API}: {what} is not a JSON array")
-    return value
-
-
-def _opt_str(value: Any, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ParseError(f"{API}: {what} is not a string")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+_c = Checks(API)
 
 
 def matches(method: str, path: str) -> bool:
@@ -87,15 +41,15 @@ def matches(method: str, path: str) -> bool:
 
 def _tool_names(tools: Any) -> list[str]:
     names: list[str] = []
-    for tool in _arr(tools, "tools"):
-        tool = _obj(tool, "a tool")
+    for tool in _c.arr(tools, "tools"):
+        tool = _c.obj(tool, "a tool")
         name = tool.get("name", tool.get("type"))
         if isinstance(name, str):
             names.append(name)
     return names
 
 
-@_guarded
+@_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Messages request into its ``messages`` and everything else."""
     params, items, items_form = split_request(body, LIST_KEY)
@@ -107,7 +61,7 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
     tools = params.get("tools")
     return ParsedRequest(
         api=API,
-        model=_opt_str(params.get("model"), "'model'"),
+        model=_c.opt_str(params.get("model"), "'model'"),
         stream=stream,
         list_key=LIST_KEY,
         items=items,
@@ -121,10 +75,10 @@ def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return None
     return Usage(
-        input_tokens=_opt_int(usage.get("input_tokens")),
-        output_tokens=_opt_int(usage.get("output_tokens")),
-        cache_read_tokens=_opt_int(usage.get("cache_read_input_tokens")),
-        cache_write_tokens=_opt_int(usage.get("cache_creation_input_tokens")),
+        input_tokens=opt_int(usage.get("input_tokens")),
+        output_tokens=opt_int(usage.get("output_tokens")),
+        cache_read_tokens=opt_int(usage.get("cache_read_input_tokens")),
+        cache_write_tokens=opt_int(usage.get("cache_creation_input_tokens")),
     )
 
 
@@ -141,7 +95,7 @@ def _error_text(error: Any) -> str:
 def _parsed_message(
     message: dict[str, Any], *, complete: bool, error: str | None
 ) -> ParsedResponse:
-    content = _arr(message.get("content"), "message 'content'")
+    content = _c.arr(message.get("content"), "message 'content'")
     tool_calls = [
         block["name"]
         for block in content
@@ -152,9 +106,9 @@ def _parsed_message(
     return ParsedResponse(
         response=message,
         output_items=[{"role": "assistant", "content": content}],
-        response_id=_opt_str(message.get("id"), "message 'id'"),
-        model=_opt_str(message.get("model"), "message 'model'"),
-        stop_reason=_opt_str(message.get("stop_reason"), "'stop_reason'"),
+        response_id=_c.opt_str(message.get("id"), "message 'id'"),
+        model=_c.opt_str(message.get("model"), "message 'model'"),
+        stop_reason=_c.opt_str(message.get("stop_reason"), "'stop_reason'"),
         usage=_usage(message.get("usage")),
         tool_calls=tool_calls,
         complete=complete,
@@ -162,10 +116,10 @@ def _parsed_message(
     )
 
 
-@_guarded
+@_c.guarded
 def parse_response(body: dict[str, Any]) -> ParsedResponse:
     """A non-streaming body: a Message, or an error body ``{"type": "error", "error": {...}}``."""
-    body = _obj(body, "response body")
+    body = _c.obj(body, "response body")
     if body.get("type") == "error":
         return ParsedResponse(response=None, output_items=[], error=_error_text(body.get("error")))
     if body.get("type") != "message":
@@ -184,14 +138,14 @@ class _StreamAssembler:
 
     def content(self) -> list[Any]:
         assert self.message is not None
-        return _arr(self.message.get("content"), "message 'content'")
+        return _c.arr(self.message.get("content"), "message 'content'")
 
     def block(self, data: dict[str, Any]) -> dict[str, Any]:
         index = data["index"]
         content = self.content()
         if not isinstance(index, int) or not 0 <= index < len(content):
             raise ParseError(f"{API}: event for content block {index!r} that was never started")
-        return _obj(content[index], "content block")
+        return _c.obj(content[index], "content block")
 
     def apply(self, data: dict[str, Any]) -> None:
         kind = data.get("type")
@@ -201,7 +155,7 @@ class _StreamAssembler:
             self.error = _error_text(data.get("error"))
             return
         if kind == "message_start":
-            self.message = copy.deepcopy(_obj(data.get("message"), "'message'"))
+            self.message = copy.deepcopy(_c.obj(data.get("message"), "'message'"))
             self.message.setdefault("content", [])
             return
         if self.message is None:
@@ -209,7 +163,7 @@ class _StreamAssembler:
         if kind == "content_block_start":
             self.start_block(data)
         elif kind == "content_block_delta":
-            self.apply_delta(self.block(data), data["index"], _obj(data.get("delta"), "'delta'"))
+            self.apply_delta(self.block(data), data["index"], _c.obj(data.get("delta"), "'delta'"))
         elif kind == "content_block_stop":
             self.finish_block(data["index"], strict=True)
         elif kind == "message_delta":
@@ -221,7 +175,7 @@ class _StreamAssembler:
     def start_block(self, data: dict[str, Any]) -> None:
         index = data["index"]
         content = self.content()
-        block = copy.deepcopy(_obj(data.get("content_block"), "'content_block'"))
+        block = copy.deepcopy(_c.obj(data.get("content_block"), "'content_block'"))
         if not isinstance(index, int) or not 0 <= index <= len(content):
             raise ParseError(f"{API}: content_block_start at index {index!r} skips a block")
         if index == len(content):
@@ -270,7 +224,7 @@ class _StreamAssembler:
 
     def apply_message_delta(self, data: dict[str, Any]) -> None:
         assert self.message is not None
-        for key, value in _obj(data.get("delta", {}), "message_delta 'delta'").items():
+        for key, value in _c.obj(data.get("delta", {}), "message_delta 'delta'").items():
             self.message[key] = value
         usage = data.get("usage")
         if usage is not None:
@@ -278,7 +232,7 @@ class _StreamAssembler:
             # message_start value (input and cache counts usually come only there).
             current = self.message.get("usage")
             merged = dict(current) if isinstance(current, dict) else {}
-            for key, value in _obj(usage, "message_delta 'usage'").items():
+            for key, value in _c.obj(usage, "message_delta 'usage'").items():
                 if value is not None:
                     merged[key] = value
             self.message["usage"] = merged
@@ -303,14 +257,14 @@ def _need_str(obj: dict[str, Any], key: str) -> str:
     return value
 
 
-@_guarded
+@_c.guarded
 def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
     """Assemble a streamed Message; ``complete`` only when message_stop arrived."""
     assembler = _StreamAssembler()
     for event in events:
         if not event.data.strip():
             continue
-        assembler.apply(_obj(json.loads(event.data), f"data of {event.event!r} event"))
+        assembler.apply(_c.obj(json.loads(event.data), f"data of {event.event!r} event"))
     return assembler.result()
 
 

@@ -13,13 +13,68 @@ An adapter turns one API's wire format into the pieces Forge stores:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class ParseError(ValueError):
     """A body or stream does not have the shape its API documents."""
+
+
+class Checks:
+    """Shape checks for one API's parser; each failure is a ParseError naming the API."""
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+
+    def guarded(self, fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        """Turn any lookup or type slip on malformed input into ParseError."""
+        api = self.api
+
+        @functools.wraps(fn)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return fn(*args, **kwargs)
+            except ParseError:
+                raise
+            # RecursionError: JSON nested deeper than the interpreter's stack (json.loads,
+            # copy.deepcopy) is malformed input too, not a crash.
+            except (
+                KeyError,
+                IndexError,
+                TypeError,
+                AttributeError,
+                ValueError,
+                RecursionError,
+            ) as exc:
+                raise ParseError(f"{api}: malformed input ({type(exc).__name__}: {exc})") from exc
+
+        return wrapper
+
+    def obj(self, value: Any, what: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise ParseError(f"{self.api}: {what} is not a JSON object")
+        return value
+
+    def arr(self, value: Any, what: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise ParseError(f"{self.api}: {what} is not a JSON array")
+        return value
+
+    def opt_str(self, value: Any, what: str) -> str | None:
+        if value is not None and not isinstance(value, str):
+            raise ParseError(f"{self.api}: {what} is not a string")
+        return value
+
+
+def opt_int(value: Any) -> int | None:
+    """An integer, else None (booleans are not integers here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

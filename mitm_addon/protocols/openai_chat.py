@@ -9,18 +9,19 @@ A stream is a sequence of ``chat.completion.chunk`` objects (``data:`` lines wit
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from mitm_addon.protocols.base import (
     Adapter,
+    Checks,
     ParsedRequest,
     ParsedResponse,
     ParseError,
     SseEvent,
     Usage,
+    opt_int,
     split_request,
 )
 
@@ -28,54 +29,7 @@ API = "openai_chat"
 LIST_KEY = "messages"
 DONE = "[DONE]"
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _guarded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn any lookup or type slip on malformed input into ParseError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return fn(*args, **kwargs)
-        except ParseError:
-            raise
-        # RecursionError: JSON nested deeper than the interpreter's stack (json.loads,
-        # copy.deepcopy) is malformed input too, not a crash.
-        except (
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            ValueError,
-            RecursionError,
-        ) as exc:
-            raise ParseError(f"{API}: malformed input ({type(exc).__name__}: {exc})") from exc
-
-    return wrapper
-
-
-def _obj(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ParseError(f"{API}: {what} is not a JSON object")
-    return value
-
-
-def _arr(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ParseError(f"{API}: {what} is not a JSON array")
-    return value
-
-
-def _opt_str(value: Any, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ParseError(f"{API}: {what} is not a string")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+_c = Checks(API)
 
 
 def matches(method: str, path: str) -> bool:
@@ -87,8 +41,8 @@ def matches(method: str, path: str) -> bool:
 def _tool_names(tools: Any) -> list[str]:
     """Names of the declared tools: ``function.name`` (or ``custom.name``), else the type."""
     names: list[str] = []
-    for tool in _arr(tools, "tools"):
-        tool = _obj(tool, "a tool")
+    for tool in _c.arr(tools, "tools"):
+        tool = _c.obj(tool, "a tool")
         kind = tool.get("type")
         spec = tool.get(kind) if isinstance(kind, str) else None
         name = spec.get("name") if isinstance(spec, dict) else tool.get("name", kind)
@@ -97,7 +51,7 @@ def _tool_names(tools: Any) -> list[str]:
     return names
 
 
-@_guarded
+@_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Chat Completions request into its ``messages`` and everything else."""
     params, items, items_form = split_request(body, LIST_KEY)
@@ -111,7 +65,7 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
     tools = params.get("tools")
     return ParsedRequest(
         api=API,
-        model=_opt_str(params.get("model"), "'model'"),
+        model=_c.opt_str(params.get("model"), "'model'"),
         stream=stream,
         list_key=LIST_KEY,
         items=items,
@@ -127,9 +81,9 @@ def _usage(usage: Any) -> Usage | None:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
-        input_tokens=_opt_int(usage.get("prompt_tokens")),
-        output_tokens=_opt_int(usage.get("completion_tokens")),
-        cache_read_tokens=_opt_int(cached),
+        input_tokens=opt_int(usage.get("prompt_tokens")),
+        output_tokens=opt_int(usage.get("completion_tokens")),
+        cache_read_tokens=opt_int(cached),
     )
 
 
@@ -156,15 +110,15 @@ def _output_message(message: dict[str, Any]) -> dict[str, Any]:
 def _parsed_completion(
     completion: dict[str, Any], *, complete: bool, error: str | None
 ) -> ParsedResponse:
-    choices = _arr(completion.get("choices"), "'choices'")
+    choices = _c.arr(completion.get("choices"), "'choices'")
     first = min(
-        (_obj(c, "a choice") for c in choices), key=lambda c: c.get("index", 0), default=None
+        (_c.obj(c, "a choice") for c in choices), key=lambda c: c.get("index", 0), default=None
     )
-    message = _obj(first.get("message"), "choice 'message'") if first is not None else None
+    message = _c.obj(first.get("message"), "choice 'message'") if first is not None else None
     tool_calls: list[str] = []
     if message is not None:
-        for call in _arr(message.get("tool_calls") or [], "'tool_calls'"):
-            call = _obj(call, "a tool call")
+        for call in _c.arr(message.get("tool_calls") or [], "'tool_calls'"):
+            call = _c.obj(call, "a tool call")
             kind = call.get("type", "function")
             spec = call.get(kind) if isinstance(kind, str) else None
             if isinstance(spec, dict) and isinstance(spec.get("name"), str):
@@ -172,9 +126,9 @@ def _parsed_completion(
     return ParsedResponse(
         response=completion,
         output_items=[_output_message(message)] if message is not None else [],
-        response_id=_opt_str(completion.get("id"), "'id'"),
-        model=_opt_str(completion.get("model"), "'model'"),
-        stop_reason=_opt_str(first.get("finish_reason"), "'finish_reason'") if first else None,
+        response_id=_c.opt_str(completion.get("id"), "'id'"),
+        model=_c.opt_str(completion.get("model"), "'model'"),
+        stop_reason=_c.opt_str(first.get("finish_reason"), "'finish_reason'") if first else None,
         usage=_usage(completion.get("usage")),
         tool_calls=tool_calls,
         complete=complete,
@@ -182,10 +136,10 @@ def _parsed_completion(
     )
 
 
-@_guarded
+@_c.guarded
 def parse_response(body: dict[str, Any]) -> ParsedResponse:
     """A non-streaming body: a ChatCompletion, or an error body ``{"error": {...}}``."""
-    body = _obj(body, "response body")
+    body = _c.obj(body, "response body")
     if "choices" not in body and isinstance(body.get("error"), dict):
         return ParsedResponse(response=None, output_items=[], error=_error_text(body["error"]))
     if body.get("object", "chat.completion") != "chat.completion":
@@ -234,11 +188,11 @@ class _Choice:
         self.extra: dict[str, Any] = {}
 
     def apply(self, choice: dict[str, Any]) -> None:
-        delta = _obj(choice.get("delta", {}), "choice 'delta'")
+        delta = _c.obj(choice.get("delta", {}), "choice 'delta'")
         for key, value in delta.items():
             if key == "tool_calls":
-                for fragment in _arr(value or [], "delta 'tool_calls'"):
-                    _merge_tool_call(self.tool_calls, _obj(fragment, "a tool call delta"))
+                for fragment in _c.arr(value or [], "delta 'tool_calls'"):
+                    _merge_tool_call(self.tool_calls, _c.obj(fragment, "a tool call delta"))
             elif value is None:
                 self.message.setdefault(key, None)
             elif isinstance(value, str) and key != "role":
@@ -258,7 +212,7 @@ class _Choice:
                     self.logprobs.setdefault(key, value)
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
-            self.finish_reason = _opt_str(finish_reason, "'finish_reason'")
+            self.finish_reason = _c.opt_str(finish_reason, "'finish_reason'")
         for key, value in choice.items():
             if key not in ("index", "delta", "logprobs", "finish_reason"):
                 self.extra[key] = value
@@ -279,7 +233,7 @@ class _Choice:
         }
 
 
-@_guarded
+@_c.guarded
 def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
     """Assemble chunks into a ChatCompletion; ``complete`` needs [DONE] and finish reasons."""
     completion: dict[str, Any] | None = None
@@ -294,7 +248,7 @@ def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
         if data == DONE:
             done = True
             continue
-        chunk = _obj(json.loads(data), "chunk")
+        chunk = _c.obj(json.loads(data), "chunk")
         if "choices" not in chunk and "error" in chunk:
             error = _error_text(chunk["error"])
             continue
@@ -305,8 +259,8 @@ def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
                 completion[key] = value
         if chunk.get("usage") is not None:
             usage = chunk["usage"]
-        for raw in _arr(chunk.get("choices", []), "'choices'"):
-            raw = _obj(raw, "a choice")
+        for raw in _c.arr(chunk.get("choices", []), "'choices'"):
+            raw = _c.obj(raw, "a choice")
             index = raw.get("index", 0)
             if not isinstance(index, int):
                 raise ParseError(f"{API}: choice index {index!r} is not an integer")

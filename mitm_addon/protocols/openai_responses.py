@@ -16,18 +16,19 @@ server sends each event as one text message (the same JSON as the SSE data).
 from __future__ import annotations
 
 import copy
-import functools
 import json
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mitm_addon.protocols.base import (
     Adapter,
+    Checks,
     ParsedRequest,
     ParsedResponse,
     ParseError,
     SseEvent,
     Usage,
+    opt_int,
     reconstruct_request,
     split_request,
 )
@@ -41,54 +42,7 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respo
 # Events that carry a snapshot of the response while it is generated.
 _SNAPSHOT_EVENTS = frozenset({"response.created", "response.queued", "response.in_progress"})
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _guarded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Turn any lookup or type slip on malformed input into ParseError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return fn(*args, **kwargs)
-        except ParseError:
-            raise
-        # RecursionError: JSON nested deeper than the interpreter's stack (json.loads,
-        # copy.deepcopy) is malformed input too, not a crash.
-        except (
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            ValueError,
-            RecursionError,
-        ) as exc:
-            raise ParseError(f"{API}: malformed input ({type(exc).__name__}: {exc})") from exc
-
-    return wrapper
-
-
-def _obj(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ParseError(f"{API}: {what} is not a JSON object")
-    return value
-
-
-def _arr(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ParseError(f"{API}: {what} is not a JSON array")
-    return value
-
-
-def _opt_str(value: Any, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ParseError(f"{API}: {what} is not a string")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+_c = Checks(API)
 
 
 def _route(path: str) -> str:
@@ -108,15 +62,15 @@ def matches_websocket(path: str) -> bool:
 def _tool_names(tools: Any) -> list[str]:
     """Function and custom tools by ``name``, built-in tools by their ``type``."""
     names: list[str] = []
-    for tool in _arr(tools, "tools"):
-        tool = _obj(tool, "a tool")
+    for tool in _c.arr(tools, "tools"):
+        tool = _c.obj(tool, "a tool")
         name = tool.get("name", tool.get("type"))
         if isinstance(name, str):
             names.append(name)
     return names
 
 
-@_guarded
+@_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Responses request into its ``input`` items and everything else."""
     params, items, items_form = split_request(body, LIST_KEY)
@@ -128,21 +82,23 @@ def parse_request(body: dict[str, Any]) -> ParsedRequest:
     tools = params.get("tools")
     return ParsedRequest(
         api=API,
-        model=_opt_str(params.get("model"), "'model'"),
+        model=_c.opt_str(params.get("model"), "'model'"),
         stream=stream,
         list_key=LIST_KEY,
         items=items,
         items_form=items_form,
         params=params,
-        previous_response_id=_opt_str(params.get("previous_response_id"), "'previous_response_id'"),
+        previous_response_id=_c.opt_str(
+            params.get("previous_response_id"), "'previous_response_id'"
+        ),
         tools=_tool_names(tools) if tools is not None else [],
     )
 
 
-@_guarded
+@_c.guarded
 def parse_ws_request(text: str) -> ParsedRequest:
     """The client's ``response.create`` WebSocket message; ``type`` is not kept in params."""
-    message = _obj(json.loads(text), "WebSocket message")
+    message = _c.obj(json.loads(text), "WebSocket message")
     if message.get("type") != WS_CREATE:
         raise ParseError(f"{API}: WebSocket message type is {message.get('type')!r}")
     return parse_request({k: v for k, v in message.items() if k != "type"})
@@ -160,10 +116,10 @@ def _usage(usage: Any) -> Usage | None:
     details = usage.get("input_tokens_details")
     details = details if isinstance(details, dict) else {}
     return Usage(
-        input_tokens=_opt_int(usage.get("input_tokens")),
-        output_tokens=_opt_int(usage.get("output_tokens")),
-        cache_read_tokens=_opt_int(details.get("cached_tokens")),
-        cache_write_tokens=_opt_int(details.get("cache_write_tokens")),
+        input_tokens=opt_int(usage.get("input_tokens")),
+        output_tokens=opt_int(usage.get("output_tokens")),
+        cache_read_tokens=opt_int(details.get("cached_tokens")),
+        cache_write_tokens=opt_int(details.get("cache_write_tokens")),
     )
 
 
@@ -192,18 +148,18 @@ def _stop_reason(response: dict[str, Any]) -> str | None:
     details = response.get("incomplete_details")
     if isinstance(details, dict) and isinstance(details.get("reason"), str):
         return str(details["reason"])
-    return _opt_str(response.get("status"), "'status'")
+    return _c.opt_str(response.get("status"), "'status'")
 
 
 def _parsed(response: dict[str, Any], *, complete: bool, error: str | None) -> ParsedResponse:
-    output = _arr(response.get("output", []), "'output'")
+    output = _c.arr(response.get("output", []), "'output'")
     if error is None and isinstance(response.get("error"), dict):
         error = _error_text(response["error"])
     return ParsedResponse(
         response=response,
         output_items=list(output),
-        response_id=_opt_str(response.get("id"), "'id'"),
-        model=_opt_str(response.get("model"), "'model'"),
+        response_id=_c.opt_str(response.get("id"), "'id'"),
+        model=_c.opt_str(response.get("model"), "'model'"),
         stop_reason=_stop_reason(response),
         usage=_usage(response.get("usage")),
         tool_calls=[name for name in map(_tool_call_name, output) if name is not None],
@@ -212,10 +168,10 @@ def _parsed(response: dict[str, Any], *, complete: bool, error: str | None) -> P
     )
 
 
-@_guarded
+@_c.guarded
 def parse_response(body: dict[str, Any]) -> ParsedResponse:
     """A non-streaming body: a Response object, or an error body ``{"error": {...}}``."""
-    body = _obj(body, "response body")
+    body = _c.obj(body, "response body")
     if body.get("object") != "response":
         if isinstance(body.get("error"), dict):
             return ParsedResponse(response=None, output_items=[], error=_error_text(body["error"]))
@@ -246,14 +202,14 @@ class _StreamAssembler:
             inner = event.get("error")
             self.error = _error_text(inner if isinstance(inner, dict) else event)
         elif kind in _SNAPSHOT_EVENTS:
-            self.snapshot = copy.deepcopy(_obj(event.get("response"), f"{kind} 'response'"))
+            self.snapshot = copy.deepcopy(_c.obj(event.get("response"), f"{kind} 'response'"))
         elif kind in TERMINAL_EVENTS:
-            self.final = copy.deepcopy(_obj(event.get("response"), f"{kind} 'response'"))
+            self.final = copy.deepcopy(_c.obj(event.get("response"), f"{kind} 'response'"))
         elif kind in ("response.output_item.added", "response.output_item.done"):
             index = event["output_index"]
             if not isinstance(index, int):
                 raise ParseError(f"{API}: output_index {index!r} is not an integer")
-            self.items[index] = copy.deepcopy(_obj(event.get("item"), "'item'"))
+            self.items[index] = copy.deepcopy(_c.obj(event.get("item"), "'item'"))
         elif kind in ("response.content_part.added", "response.content_part.done"):
             self.set_part(event, "content", "content_index", "part")
         elif kind in (
@@ -290,7 +246,7 @@ class _StreamAssembler:
         if not isinstance(parts, list):
             parts = item[list_key] = []
         index = event[index_key]
-        part = copy.deepcopy(_obj(event.get(part_key), f"'{part_key}'"))
+        part = copy.deepcopy(_c.obj(event.get(part_key), f"'{part_key}'"))
         if not isinstance(index, int) or not 0 <= index <= len(parts):
             raise ParseError(f"{API}: {index_key} {index!r} skips a part")
         if index == len(parts):
@@ -313,11 +269,11 @@ class _StreamAssembler:
         item = self.item(event)
         if item is None:
             return
-        parts = _arr(item.get(list_key, []), f"item {list_key!r}")
+        parts = _c.arr(item.get(list_key, []), f"item {list_key!r}")
         index = event[index_key]
         if not isinstance(index, int) or not 0 <= index < len(parts):
             return  # a delta for a part that was never opened: nothing to grow
-        part = _obj(parts[index], "a part")
+        part = _c.obj(parts[index], "a part")
         part[text_key] = text if replace else str(part.get(text_key) or "") + text
 
     def result(self) -> ParsedResponse:
@@ -339,7 +295,7 @@ def _assemble(events: Iterable[dict[str, Any]]) -> ParsedResponse:
     return assembler.result()
 
 
-@_guarded
+@_c.guarded
 def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
     """Assemble an SSE stream; ``complete`` when a terminal event arrived."""
     decoded: list[dict[str, Any]] = []
@@ -347,16 +303,16 @@ def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
         data = event.data.strip()
         if not data or data == "[DONE]":  # some compatible servers end with [DONE]
             continue
-        decoded.append(_obj(json.loads(data), f"data of {event.event!r} event"))
+        decoded.append(_c.obj(json.loads(data), f"data of {event.event!r} event"))
     return _assemble(decoded)
 
 
-@_guarded
+@_c.guarded
 def parse_ws(messages: Sequence[str]) -> ParsedResponse:
     """Assemble the server's WebSocket text messages of one response."""
     decoded: list[dict[str, Any]] = []
     for text in messages:
-        message = _obj(json.loads(text), "WebSocket message")
+        message = _c.obj(json.loads(text), "WebSocket message")
         if message.get("type") == WS_CREATE:
             continue  # the client's request, if the caller passed the whole exchange
         decoded.append(message)
