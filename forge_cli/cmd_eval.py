@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             f"no run directory {data}: pass --data with a directory written by forge record"
         )
     ks = parse_ks(args.k)
-    rates = compute_pass_rates(connect(data), ks, args.threshold)
+    rates = compute_pass_rates(connect(data, stitched=True), ks, args.threshold)
     if not rates:
         raise ForgeError(
             f"no graded rollouts with a task in {data}: write the runner's rollouts rows (task_id) "

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise ForgeError(f"unknown export kind {args.kind!r}; known: sft")
     if not args.data.is_dir():
         raise ForgeError(f"--data {args.data}: no such run directory")
-    con = connect(args.data)
+    con = connect(args.data, stitched=True)
     try:
         result = write_sft(con, args.out, filters_from(args))
     except FilterError as e:

@@ -28,7 +28,7 @@ from typing import IO, Any
 import duckdb
 
 from forge_cli.proxy import ForgeError
-from pipeline.store import connect
+from pipeline.store import connect, names_derived
 
 __all__ = ["add_parser", "run"]
 
@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise ForgeError(f"--data {args.data}: no such run directory")
     if args.format == "parquet" and args.out is None:
         raise ForgeError("--format parquet writes a file: add --out FILE.parquet")
-    con = connect(args.data)
+    # A query over a derived view computes the call tree once, not once per reference.
+    con = connect(args.data, stitched=names_derived(query))
     try:
         try:
             relation = con.sql(query)

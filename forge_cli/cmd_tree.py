@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    con = connect(data)
+    con = connect(data, stitched=True)
     rollout = args.rollout
     if rollout is None:
         rows = _rollouts(con)
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         rollout = rows[0][0]
     nodes = load_nodes(con, rollout)
     if not nodes:
-        rows = _rollouts(connect(data))
+        rows = _rollouts(con)
         print(
             f"forge tree: no calls of rollout {rollout!r} in {data}; rollouts there:\n"
             + _list_rollouts(rows),

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                   "--source", "demo verifier")
             shutil.rmtree(work, ignore_errors=True)
     forge("tree", "--data", str(out), "--rollout", "hello-0")
-    con = connect(out)
+    con = connect(out, stitched=True)
     for title, sql in QUERIES.items():
         show(con, title, sql)
     forge("eval", "--data", str(out), "--k", "1,2")

@@ -175,7 +175,7 @@ def open_stable(data_dir: Path, attempts: int = 3) -> tuple[duckdb.DuckDBPyConne
     connecting, retried while a writer adds shards in between."""
     for _ in range(attempts):
         before = list_sources(data_dir)
-        con = store.connect(data_dir)
+        con = store.connect(data_dir, stitched=True)
         if list_sources(data_dir) == before:
             return con, before
         con.close()

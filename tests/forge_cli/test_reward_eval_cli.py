@@ -10,32 +10,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow.parquet as pq
 import pytest
 
 from forge_cli import cmd_eval, cmd_reward
 from forge_cli.proxy import ForgeError
 from pipeline.evaluation import pass_at_k, pass_hat_k
-from pipeline.shards import read_column_values, shard_files, write_shard
-from pipeline.store import connect as store_connect
-from tests.pipeline.test_trajectories import node, open_run, stitching_defined
+from pipeline.shards import shard_files, write_shard
+from pipeline.store import connect
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
-
-
-def connect(data: Path) -> duckdb.DuckDBPyConnection:
-    """The run's views; until the stitching views exist, every call stands alone in its tree."""
-    if stitching_defined():
-        return store_connect(data)
-    rows = read_column_values(data, "calls", ["call_id", "rollout_id"])
-    nodes = [node(r["call_id"], r["rollout_id"], None, None, 0, r["call_id"]) for r in rows]
-    return open_run(data, nodes)
-
-
-@pytest.fixture(autouse=True)
-def _views(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cmd_eval, "connect", connect)
 
 
 def forge(*argv: str) -> int:

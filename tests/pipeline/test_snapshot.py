@@ -291,8 +291,8 @@ def test_the_sources_are_the_shards_the_views_read(
     real_connect = snapshot.store.connect
     opened: list[int] = []
 
-    def connect_while_a_shard_lands(data_dir: Path) -> duckdb.DuckDBPyConnection:
-        con = real_connect(data_dir)
+    def connect_while_a_shard_lands(data_dir: Path, **kwargs: Any) -> duckdb.DuckDBPyConnection:
+        con = real_connect(data_dir, **kwargs)
         if not opened:  # a writer adds a shard right after the first connect
             write_shard(run_dir, "rewards", "rewards-late", [reward_row("r2", 1.0)])
         opened.append(1)
