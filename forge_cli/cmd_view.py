@@ -90,8 +90,8 @@ def _all(data: Path, out: Path | None) -> int:
     summaries = load_summaries(con, ids)
     for start in range(0, len(ids), _BATCH):
         batch = ids[start : start + _BATCH]
-        # load_calls narrows its connection to the batch: a fresh one per batch
-        calls = load_calls(connect(data), batch)
+        # load_calls narrows its connection to the batch: a fresh one for each later batch
+        calls = load_calls(con if start == 0 else connect(data), batch)
         for rid in batch:
             page = render_rollout_page(
                 replace(summaries[rid], calls=calls.get(rid, [])), index_href="index.html"

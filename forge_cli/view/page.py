@@ -95,9 +95,10 @@ def _message(m: Message) -> str:
     if content not in (None, ""):
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         parts.append(f'<pre class="text{" raw" if m.get("raw") else ""}">{_e(text)}</pre>')
-    for call in m.get("tool_calls") or []:
-        call = call if isinstance(call, dict) else {}
-        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    for item in m.get("tool_calls") or []:
+        call: dict[str, Any] = item if isinstance(item, dict) else {}
+        function = call.get("function")
+        fn: dict[str, Any] = function if isinstance(function, dict) else {}
         parts.append(
             f'<div class="tool-call"><span class="tname">{_e(fn.get("name"))}</span> '
             f'<code class="ref">{_e(call.get("id"))}</code>'
