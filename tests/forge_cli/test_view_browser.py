@@ -96,6 +96,9 @@ def test_every_call_of_the_rollout_is_shown_without_script_errors(
     assert sorted(state["calls"]) == recorded  # each call exactly once
     assert sorted(state["shown"]) == recorded  # and laid out, not folded away
     assert state["declared"] == len(recorded)
+    # "open all" unfolds every message for the screenshot
+    page.evaluate("document.getElementById('open-all').click()")
+    assert page.evaluate("Array.from(document.querySelectorAll('details')).every((d) => d.open)")
     assert page.script_errors() == []
     page.screenshot(ARTIFACTS / f"{rollout}.png")
 
