@@ -101,6 +101,7 @@ def test_every_call_of_the_rollout_is_shown_without_script_errors(
     assert page.evaluate("Array.from(document.querySelectorAll('details')).every((d) => d.open)")
     assert page.script_errors() == []
     page.screenshot(ARTIFACTS / f"{rollout}.png")
+    page.close()
 
 
 def test_recorded_markup_is_shown_as_text_and_never_runs(pages: Path, browser: Browser) -> None:
@@ -119,6 +120,7 @@ def test_recorded_markup_is_shown_as_text_and_never_runs(pages: Path, browser: B
     assert json.loads(page.evaluate(_STATE))["pwned"] is None
     assert page.script_errors() == []
     page.screenshot(ARTIFACTS / "claude-r-search.png")
+    page.close()
 
 
 def test_search_marks_matching_calls_and_can_hide_the_rest(pages: Path, browser: Browser) -> None:
@@ -140,6 +142,7 @@ def test_search_marks_matching_calls_and_can_hide_the_rest(pages: Path, browser:
     assert len(json.loads(page.evaluate(_VISIBLE))) == 6
     assert page.evaluate("document.querySelectorAll('mark.hit').length") == 0
     assert page.script_errors() == []
+    page.close()
 
 
 def test_the_index_links_every_rollout_page(pages: Path, browser: Browser) -> None:
@@ -151,9 +154,9 @@ def test_the_index_links_every_rollout_page(pages: Path, browser: Browser) -> No
         )
     )
     assert sorted(text for text, _ in links) == ["chat-r", "claude-r", "codex-r"]
-    for text, href in links:
-        target = page.browser.new_page()
-        target.navigate(href)
-        assert target.evaluate("document.title") == f"Forge rollout {text}"
     assert page.script_errors() == []
     page.screenshot(ARTIFACTS / "index.png")
+    for text, href in links:
+        page.navigate(href)
+        assert page.evaluate("document.title") == f"Forge rollout {text}"
+    page.close()
