@@ -66,7 +66,7 @@ def _one(data: Path, rollout: str, out: Path | None) -> int:
     con = connect(data)
     summaries = load_summaries(con, [rollout])
     if rollout not in summaries:
-        rows = list_rollouts(con)
+        rows = list_rollouts(connect(data))  # `con` is narrowed by now
         listed = "\n".join(f"  {rid}  ({n} call(s))" for rid, n in rows[:_LISTED])
         more = f"\n  ... and {len(rows) - _LISTED} more" if len(rows) > _LISTED else ""
         return _error(f"no rollout {rollout!r} in {data}; rollouts there:\n{listed}{more}")

@@ -7,6 +7,7 @@ content-addressed `messages` rows for each call's conversation.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import replace
@@ -21,10 +22,19 @@ from pipeline.canonical import resolve_refs
 
 __all__ = ["MissingRow", "list_rollouts", "load_calls", "load_rollouts", "load_summaries"]
 
+# The rollout ids `trajectories` has (seen in rollouts, calls or rewards), without the
+# stitching that view runs.
 _ROLLOUTS = """
-SELECT rollout_id, n_calls
-FROM trajectories
-ORDER BY started_at NULLS LAST, rollout_id
+SELECT rollout_id, count(call_id) AS n_calls
+FROM (
+    SELECT rollout_id, call_id, started_at FROM calls WHERE rollout_id IS NOT NULL
+    UNION ALL
+    SELECT rollout_id, NULL, NULL FROM rollouts_latest
+    UNION ALL
+    SELECT rollout_id, NULL, NULL FROM rewards_latest
+)
+GROUP BY rollout_id
+ORDER BY min(started_at) NULLS LAST, rollout_id
 """
 _SUMMARIES = """
 SELECT t.rollout_id, t.task_id, t.harness, t.status, t.reward, t.models, t.n_calls, t.depth,
@@ -34,13 +44,27 @@ FROM trajectories AS t
 LEFT JOIN groups AS g USING (rollout_id)
 WHERE t.rollout_id IN (SELECT rollout_id FROM forge_view_rollouts)
 """
-# Stitching never crosses rollouts, so the trees of some rollouts are computed from their
-# calls alone: `calls` is swapped for a table holding those (fast on a large run).
+# Stitching never crosses rollouts and GRPO groups never cross tasks, so the trees of
+# some rollouts are computed from their calls alone, and their groups from the calls of
+# the rollouts that share their tasks: `calls` is swapped for a table holding those (fast
+# on a large run). Each swap makes a new table: the old `calls` view may read the last.
 _NARROW = (
-    "CREATE OR REPLACE TEMP TABLE forge_view_calls AS SELECT * FROM calls "
-    "WHERE rollout_id IN (SELECT rollout_id FROM forge_view_rollouts)",
-    "CREATE OR REPLACE VIEW calls AS SELECT * FROM forge_view_calls",
+    "CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM calls WHERE rollout_id IN ({ids})",
+    "CREATE OR REPLACE VIEW calls AS SELECT * FROM {table}",
 )
+_WANTED = "SELECT rollout_id FROM forge_view_rollouts"
+_SAME_TASKS = """
+SELECT rollout_id FROM forge_view_rollouts
+UNION
+SELECT rollout_id FROM rollouts_latest
+WHERE task_id IN (
+    SELECT task_id FROM rollouts_latest
+    WHERE rollout_id IN (SELECT rollout_id FROM forge_view_rollouts)
+)
+"""
+_tables = itertools.count()
+
+
 _CALLS = """
 SELECT
     n.rollout_id, n.call_id, n.parent_call_id, n.edge_kind, e.evidence, n.depth, n.agent_key,
@@ -174,12 +198,22 @@ def _register(con: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]) -> Non
     con.register("forge_view_rollouts", pa.table({"rollout_id": ids}))
 
 
+def _narrow(con: duckdb.DuckDBPyConnection, ids_query: str) -> None:
+    """Swap `calls` for a table of the calls of the rollouts ``ids_query`` selects (a
+    constant of this module, never user input)."""
+    table = f"forge_view_calls_{next(_tables)}"
+    for statement in _NARROW:
+        con.execute(statement.format(table=table, ids=ids_query))
+
+
 def load_summaries(
     con: duckdb.DuckDBPyConnection, rollout_ids: Sequence[str]
 ) -> dict[str, RolloutView]:
-    """rollout id -> its view without calls (`trajectories` and `groups` rows; GRPO groups
-    need every rollout of the run, so this runs on an unnarrowed connection)."""
+    """rollout id -> its view without calls (`trajectories` and `groups` rows). The
+    connection's `calls` is narrowed to the rollouts of the same tasks (GRPO groups need
+    them all)."""
     _register(con, rollout_ids)
+    _narrow(con, _SAME_TASKS)
     cur = con.execute(_SUMMARIES)
     names = [d[0] for d in cur.description]
     out = {}
@@ -196,8 +230,7 @@ def load_calls(
     """rollout id -> its calls in call order, with their conversations. The connection's
     `calls` is narrowed to these rollouts: use a fresh connection for other ones."""
     _register(con, rollout_ids)
-    for statement in _NARROW:
-        con.execute(statement)
+    _narrow(con, _WANTED)
     out: dict[str, list[CallView]] = {}
     conversations = _Conversations(_Items(con))
     for row in con.execute(_CALLS).fetchall():

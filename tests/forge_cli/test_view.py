@@ -13,11 +13,13 @@ import pytest
 
 from forge_cli.main import main
 from forge_cli.view.conversation import new_items, split_conversation
-from forge_cli.view.load import load_rollouts
+from forge_cli.view.load import load_rollouts, load_summaries
 from forge_cli.view.model import CallView, RolloutView
 from forge_cli.view.page import page_file_name, render_index, render_rollout_page
+from pipeline.shards import write_shard
 from pipeline.store import connect
 from tests.forge_cli.view_runs import HOSTILE, write_view_run
+from tests.pipeline.runs import call_row, reward_row, rollout_row
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -230,6 +232,25 @@ def test_rollouts_load_with_their_tree_advantage_and_new_messages(run: Path) -> 
                                       "content": HOSTILE, "cache_control": {"type": "ephemeral"}}]}
     ]  # fmt: skip
     assert chat.advantage is None and chat.drop_reason == "no_reward"
+
+
+def test_one_rollouts_advantage_is_computed_from_its_whole_groups_calls(tmp_path: Path) -> None:
+    # load_summaries narrows `calls` to the rollouts of the same task. A peer's calls
+    # decide its part in the group: claude-r2 left a call incomplete, so it is partial
+    # and dropped; were its calls left out, it would look complete and join the group.
+    run = write_view_run(tmp_path)
+    write_shard(tmp_path, "calls", "calls-r2", [call_row("r2-c0", rollout_id="claude-r2",
+                                                         status="incomplete")])  # fmt: skip
+    write_shard(tmp_path, "rollouts", "rollouts-r2", [rollout_row("claude-r2", "fix-test")])
+    write_shard(tmp_path, "rewards", "rewards-r2", [reward_row("claude-r2", 1.0)])
+    want = (
+        connect(run)
+        .execute("SELECT advantage, group_size FROM groups WHERE rollout_id = 'claude-r'")
+        .fetchall()
+    )
+    assert want == [(pytest.approx(0.7071, abs=1e-3), 2)]
+    summary = load_summaries(connect(run), ["claude-r"])["claude-r"]
+    assert (summary.advantage, summary.group_size) == want[0]
 
 
 def test_forge_view_writes_every_page_and_an_index_and_says_where(
