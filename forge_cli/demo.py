@@ -109,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
                   "--source", "demo verifier")
             shutil.rmtree(work, ignore_errors=True)
     forge("tree", "--data", str(out), "--rollout", "hello-0")
+    forge("view", "--data", str(out))
     con = connect(out, stitched=True)
     for title, sql in QUERIES.items():
         show(con, title, sql)
     forge("eval", "--data", str(out), "--k", "1,2")
     forge("snapshot", "--data", str(out), "--out", str(snapshot))
-    print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}")
+    print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}; pages in {out / 'view'}")
     print(f"Try: .venv/bin/forge sql --data {args.out} \"select * from edges\"")
     return 0
 

@@ -14,6 +14,7 @@ COMMANDS = (
     "record",
     "cmd_sql",
     "cmd_tree",
+    "cmd_view",
     "cmd_snapshot",
     "cmd_export",
     "cmd_reward",
