@@ -19,6 +19,7 @@ COMMANDS = (
     "cmd_reward",
     "cmd_eval",
     "cmd_rollout",
+    "cmd_k8s",
 )
 
 

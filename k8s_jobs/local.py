@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -27,7 +26,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,27 +38,17 @@ from forge_cli.proxy import (
     start_proxy,
     stop_proxy_process,
 )
-from k8s_jobs.harnesses import HarnessTemplate, builtin_harnesses, render, resolve_executable
-from k8s_jobs.outcome import (
-    FAILED_STATUSES,
-    Progress,
-    backoff_s,
-    classify_exit,
-    group_id,
-    rollout_id,
-)
-from k8s_jobs.processes import kill_tree, run_bounded
+from k8s_jobs.attempt import reward_row, rollout_row, run_attempt
+from k8s_jobs.harnesses import HarnessTemplate, builtin_harnesses
+from k8s_jobs.outcome import FAILED_STATUSES, Progress, backoff_s, group_id, rollout_id
+from k8s_jobs.processes import kill_tree
 from k8s_jobs.tasks import Task
-from k8s_jobs.verifier import VerifierError, VerifierResult, run_verifier
-from k8s_jobs.workspace import WorkspaceError, prepare_workspace
-from pipeline.canonical import canonical_json
 from pipeline.shards import shard_files, write_rows
 
 __all__ = ["RolloutOptions", "RolloutResult", "RunSummary", "plan_rollouts", "run_rollouts"]
 
 log = logging.getLogger(__name__)
 
-REWARD_SOURCE = "forge rollout verifier"
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
 
@@ -146,12 +134,6 @@ class RunSummary:
     @property
     def per_minute(self) -> float:
         return 60.0 * len(self.results) / self.wall_s if self.wall_s > 0 else 0.0
-
-
-class _InfraError(RuntimeError):
-    def __init__(self, message: str, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.retryable = retryable
 
 
 def plan_rollouts(
@@ -329,88 +311,53 @@ class _Runner:
         task = planned.task
         template = self.templates[self.options.harness or task.harness or ""]
         base = self.work_root / rid
-        workdir, home, logs = base / "work", base / "home", self.out / "logs" / rid
-        logs.mkdir(parents=True, exist_ok=True)
-        started_at = datetime.now(UTC)
-        argv: list[str] = []
-        exit_code: int | None = None
-        verdict: VerifierResult | None = None
+        # The proxy URL's user name is the rollout id: the addon records it on every call.
+        proxy_env = dict(self.proxy_env)
+        for name in _PROXY_VARS:
+            proxy_env[name] = f"http://{rid}:x@127.0.0.1:{self.proxy.port}"
         try:
-            try:
-                prepare_workspace(task.workspace, workdir)
-                cmd = render(
-                    template,
-                    instruction=task.instruction,
-                    workdir=workdir,
-                    home=home,
-                    rollout_id=rid,
-                    task_id=task.id,
-                    model=self.options.model,
-                )
-                for d in (home, home / "tmp", *(home / h for h in cmd.home_dirs)):
-                    d.mkdir(parents=True, exist_ok=True)
-                argv = list(cmd.argv)
-                program = resolve_executable(argv[0], os.environ.get("PATH"))
-                if program is None:
-                    raise _InfraError(
-                        f"harness {template.name!r}: program {argv[0]!r} not found "
-                        "(install it, or name its path in a harness config)",
-                        retryable=False,
-                    )
-                argv[0] = program
-                env = self._harness_env(cmd.env, task, rid, home)
-                timeout = self.options.timeout_s or task.timeout_s
-                try:
-                    finished = run_bounded(
-                        argv,
-                        cwd=workdir,
-                        env=env,
-                        stdout=logs / "harness.stdout",
-                        stderr=logs / "harness.stderr",
-                        timeout_s=timeout,
-                        grace_s=self.options.kill_grace_s,
-                        on_start=self._track,
-                    )
-                except OSError as e:
-                    raise _InfraError(
-                        f"cannot run {argv[0]!r}: {e.strerror or e}", retryable=False
-                    ) from e
-                finally:
-                    self._untrack()
-                if self.proxy.process.poll() is not None:
-                    raise _InfraError(
-                        f"the proxy exited (code {self.proxy.process.returncode}); see {self.proxy.log_path}"
-                    )
-                exit_code = finished.exit_code
-                status = classify_exit(
-                    finished.exit_code, finished.timed_out, template.partial_exit_codes
-                )
-                if finished.timed_out:
-                    result.error = f"killed at the deadline of {timeout:g} s"
-                elif status != "complete":
-                    result.error = f"harness exited with {finished.exit_code}"
-                if task.verifier is not None:
-                    venv = self._verifier_env(task, rid, home, workdir, status, exit_code, logs)
-                    try:
-                        verdict = run_verifier(task.verifier, cwd=workdir, env=venv, log_dir=logs)
-                    except VerifierError as e:
-                        raise _InfraError(f"verifier: {e}") from e
-            except (_InfraError, WorkspaceError) as e:
-                status, verdict = "infra_error", None
-                result.error = str(e)
-                retry = getattr(e, "retryable", True) and not self._aborted.is_set()
-            else:
-                retry = False
-            result.status, result.exit_code = status, exit_code
-            result.reward = verdict.reward if verdict else None
-            result.details = verdict.details if verdict else None
-            self._write_rows(
-                planned, rid, template.name, argv, status, exit_code, started_at, verdict
+            outcome = run_attempt(
+                task,
+                template,
+                rollout_id=rid,
+                workdir=base / "work",
+                home=base / "home",
+                logs=self.out / "logs" / rid,
+                proxy_env=proxy_env,
+                model=self.options.model,
+                timeout_s=self.options.timeout_s,
+                grace_s=self.options.kill_grace_s,
+                on_start=self._track,
+                proxy_alive=self._proxy_problem,
             )
-            return retry
         finally:
+            self._untrack()
             if not self.options.keep_workdirs:
                 shutil.rmtree(base, ignore_errors=True)
+        result.status, result.exit_code, result.error = (
+            outcome.status,
+            outcome.exit_code,
+            outcome.error,
+        )
+        result.reward = outcome.verdict.reward if outcome.verdict else None
+        result.details = outcome.verdict.details if outcome.verdict else None
+        row = rollout_row(
+            task,
+            rid,
+            template.name,
+            planned.group_id,
+            self.options.policy_version,
+            planned.sample,
+            outcome,
+        )
+        write_rows(self.out, "rollouts", [row])
+        if outcome.verdict is not None:
+            write_rows(self.out, "rewards", [reward_row(rid, outcome.verdict)])
+        return outcome.status == "infra_error" and outcome.retryable and not self._aborted.is_set()
+
+    def _proxy_problem(self) -> str | None:
+        code = self.proxy.process.poll()
+        return None if code is None else f"the proxy exited ({code}); see {self.proxy.log_path}"
 
     def _track(self, process: subprocess.Popen[bytes]) -> None:
         with self._lock:
@@ -421,101 +368,6 @@ class _Runner:
     def _untrack(self) -> None:
         with self._lock:
             self._live.pop(threading.get_ident(), None)
-
-    def _harness_env(
-        self, template_env: Mapping[str, str], task: Task, rid: str, home: Path
-    ) -> dict[str, str]:
-        """Built from scratch: nothing of the caller's environment leaks in but PATH (and
-        what the template's pass_env named); the proxy URL carries the rollout id."""
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": str(home),
-            "TMPDIR": str(home / "tmp"),
-        }
-        env.update(template_env)
-        env.update(task.environment)
-        env.update(self.proxy_env)
-        url = f"http://{rid}:x@127.0.0.1:{self.proxy.port}"
-        for name in _PROXY_VARS:
-            env[name] = url
-        env["FORGE_ROLLOUT_ID"], env["FORGE_TASK_ID"] = rid, task.id
-        return env
-
-    def _verifier_env(
-        self,
-        task: Task,
-        rid: str,
-        home: Path,
-        workdir: Path,
-        status: str,
-        exit_code: int | None,
-        logs: Path,
-    ) -> dict[str, str]:
-        """The verifier sees the task's environment and the run's outcome, not the proxy."""
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": str(home),
-            "LANG": "C.UTF-8",
-            "TMPDIR": str(home / "tmp"),
-            **task.environment,
-            "FORGE_ROLLOUT_ID": rid,
-            "FORGE_TASK_ID": task.id,
-            "FORGE_WORKDIR": str(workdir),
-            "FORGE_HARNESS_STATUS": status,
-            "FORGE_HARNESS_EXIT_CODE": "" if exit_code is None else str(exit_code),
-            "FORGE_HARNESS_STDOUT": str(logs / "harness.stdout"),
-        }
-        return env
-
-    def _write_rows(
-        self,
-        planned: PlannedRollout,
-        rid: str,
-        harness: str,
-        argv: list[str],
-        status: str,
-        exit_code: int | None,
-        started_at: datetime,
-        verdict: VerifierResult | None,
-    ) -> None:
-        now = datetime.now(UTC)
-        task = planned.task
-        metadata = {**task.metadata, "sample": planned.sample}
-        write_rows(
-            self.out,
-            "rollouts",
-            [
-                {
-                    "rollout_id": rid,
-                    "task_id": task.id,
-                    "harness": harness,
-                    "group_id": planned.group_id,
-                    "policy_version": self.options.policy_version,
-                    "status": status,
-                    "exit_code": exit_code,
-                    "started_at": started_at,
-                    "ended_at": now,
-                    "command": argv,
-                    "metadata_json": canonical_json(metadata),
-                    "written_at": now,
-                }
-            ],
-        )
-        if verdict is not None:
-            write_rows(
-                self.out,
-                "rewards",
-                [
-                    {
-                        "rollout_id": rid,
-                        "reward": verdict.reward,
-                        "status": None,  # the runner's status stands
-                        "details_json": canonical_json(verdict.details),
-                        "source": REWARD_SOURCE,
-                        "written_at": now,
-                    }
-                ],
-            )
 
 
 def summary_json(summary: RunSummary) -> str:

@@ -122,7 +122,7 @@ class Task:
     verifier: Verifier | None = None
     environment: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
-    source: str = "<tasks>"  # file:line, for messages
+    source: str = field(default="<tasks>", compare=False)  # file:line, for messages
 
     def to_json(self) -> dict[str, Any]:
         """The task as a spec object again (relative paths already resolved)."""
