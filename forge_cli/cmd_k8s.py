@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from k8s_jobs.k8s import K8sSettings, write_manifests
+from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import load_tasks
 
 __all__ = ["add_parser", "run"]
@@ -73,6 +73,8 @@ def run_render(args: argparse.Namespace) -> int:
         ttl_s=args.ttl,
         harness_config=args.harness_config,
     )
+    from k8s_jobs.k8s import write_manifests  # the kubernetes client: only when rendering
+
     paths = write_manifests(load_tasks(args.tasks), settings, args.out)
     print(f"forge: wrote {len(paths)} manifest(s) to {args.out}")
     print(f"  check: kubectl apply --dry-run=client -f {args.out}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from forge_cli.proxy import DEFAULT_CONFDIR, ForgeError
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.local import RolloutOptions, run_rollouts, summary_json
 from k8s_jobs.outcome import STATUSES, Progress, format_progress
+from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import load_tasks
 
 __all__ = ["add_parser", "run"]
@@ -85,6 +87,29 @@ def add_parser(sub: Any) -> None:
         default="local",
         help="local subprocesses (default) or Kubernetes Jobs",
     )
+    k = p.add_argument_group("Kubernetes backend (--backend k8s; see forge k8s render)")
+    k.add_argument("--namespace", default=K8sSettings.namespace)
+    k.add_argument("--image", default=K8sSettings.image, help="rollout image (k8s_jobs/Dockerfile)")
+    k.add_argument(
+        "--run-name", default=None, help="Job name prefix and run label (default: --out's name)"
+    )
+    k.add_argument("--ca-secret", default=K8sSettings.ca_secret, help="Secret holding Forge's CA")
+    k.add_argument(
+        "--runs-pvc", default=K8sSettings.runs_pvc, help="ReadWriteMany claim for shards"
+    )
+    k.add_argument(
+        "--transparent", action="store_true", help="iptables REDIRECT instead of proxy variables"
+    )
+    k.add_argument(
+        "--create-rate", type=float, default=5.0, help="Job creations per second (default 5)"
+    )
+    k.add_argument(
+        "--k8s-api",
+        default=None,
+        metavar="URL",
+        help="API server URL without credentials (e.g. kubectl proxy's http://127.0.0.1:8001); "
+        "default: the kubeconfig's current context, or the in-cluster service account",
+    )
     p.set_defaults(func=run)
 
 
@@ -116,14 +141,11 @@ def run(args: argparse.Namespace) -> int:
         for name, t in sorted(templates.items()):
             print(f"{name:<10} {t.description}")
         return 0
-    if args.backend == "k8s":
-        raise ForgeError(
-            "--backend k8s is not implemented yet; use `forge k8s render --tasks ... --out DIR` "
-            "and apply the Jobs with kubectl"
-        )
     tasks = load_tasks(args.tasks)
     out = args.out or Path("data/runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
     printer = _ProgressPrinter()
+    if args.backend == "k8s":
+        return run_k8s(args, tasks, out, printer)
     options = RolloutOptions(
         out_dir=out,
         harness=args.harness,
@@ -164,3 +186,87 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0 if all(r.status != "infra_error" for r in summary.results) else 1
+
+
+def _api_client(url: str | None) -> Any:
+    from kubernetes import client, config
+
+    if url:
+        return client.ApiClient(client.Configuration(host=url))
+    try:
+        config.load_kube_config()
+    except (config.ConfigException, OSError) as kube_error:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            raise ForgeError(
+                f"no Kubernetes credentials ({kube_error}): set a kubeconfig context, run in a "
+                "cluster, or pass --k8s-api URL (e.g. from `kubectl proxy`)"
+            ) from None
+    return client.ApiClient()
+
+
+def run_k8s(
+    args: argparse.Namespace, tasks: list[Any], out: Path, printer: _ProgressPrinter
+) -> int:
+    """--backend k8s: a Job per rollout through the API server (k8s_jobs.launcher)."""
+    from k8s_jobs.launcher import LaunchOptions, launch_jobs
+
+    settings = K8sSettings(
+        image=args.image,
+        namespace=args.namespace,
+        harness=args.harness,
+        n=args.n,
+        model=args.model,
+        policy_version=args.policy_version,
+        run_name=args.run_name or out.name,
+        ca_secret=args.ca_secret,
+        runs_pvc=args.runs_pvc,
+        transparent=args.transparent,
+        upstreams=list(args.upstream),
+    )
+    options = LaunchOptions(
+        settings=settings,
+        parallel=args.parallel,
+        create_per_s=args.create_rate,
+        backoff_base_s=args.backoff,
+        on_progress=printer,
+    )
+    started = time.monotonic()
+    try:
+        results = launch_jobs(tasks, options, _api_client(args.k8s_api))
+    finally:
+        printer.close()
+    wall = time.monotonic() - started
+    if args.json:
+        rows = [
+            {
+                "rollout_id": r.rollout_id,
+                "task_id": r.task_id,
+                "status": r.status,
+                "reward": r.reward,
+                "job": r.attempts[0] if r.attempts else None,
+                "error": r.error,
+            }
+            for r in results
+        ]
+        print(
+            json.dumps(
+                {"namespace": settings.namespace, "run": settings.run_name, "results": rows},
+                indent=2,
+            )
+        )
+    counts = ", ".join(
+        f"{sum(r.status == s for r in results)} {s}"
+        for s in STATUSES
+        if any(r.status == s for r in results)
+    )
+    print(
+        f"forge: {len(results)} Job(s) in {wall:.1f} s: {counts}; shards and rows are on the "
+        f"claim {settings.runs_pvc} under <rollout-id>/",
+        file=sys.stderr,
+    )
+    for r in results:
+        if r.error:
+            print(f"  {r.rollout_id}: {r.status}: {r.error}", file=sys.stderr)
+    return 0 if all(r.status != "infra_error" for r in results) else 1

@@ -27,7 +27,6 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,8 @@ from kubernetes import client
 from forge_cli.proxy import ForgeError
 from k8s_jobs.local import PlannedRollout, plan_rollouts
 from k8s_jobs.outcome import rollout_id
-from k8s_jobs.pod import EXIT_INFRA
+from k8s_jobs.pod import EXIT_INFRA, TERMINATION_LOG
+from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import Task
 
 __all__ = ["K8sSettings", "manifest_dicts", "render_job", "render_pvc", "write_manifests"]
@@ -52,38 +52,6 @@ _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 # Slack between the task's deadlines and the Job's: image pull, sidecar start, row writes.
 _DEADLINE_SLACK_S = 300
-
-
-@dataclass
-class K8sSettings:
-    """What ``forge k8s render`` (and later the k8s launcher) needs beyond the tasks."""
-
-    image: str = "forge-rollout:latest"
-    """The rollout image (k8s_jobs/Dockerfile): Forge, mitmproxy and the harness CLIs."""
-    namespace: str = "forge"
-    harness: str | None = None
-    """Template for every task (each task's ``harness`` otherwise)."""
-    n: int = 1
-    model: str | None = None
-    policy_version: int | None = None
-    run_name: str = "forge"
-    """Prefix of Job names."""
-    ca_secret: str = "forge-ca"
-    """Secret with mitmproxy-ca.pem (key and certificate) and mitmproxy-ca-cert.pem."""
-    runs_pvc: str = "forge-shards"
-    """ReadWriteMany claim where each rollout's shards and rows go (<claim>/<rollout-id>)."""
-    transparent: bool = False
-    proxy_port: int = 8080
-    upstreams: list[str] = field(default_factory=list)
-    """forge_upstream redirects for the sidecar (e.g. a policy server)."""
-    cpu: str = "4"
-    memory: str = "4Gi"
-    """Requests per pod (the OpenForgeRL paper ran 4 CPU / 4 GiB per rollout)."""
-    ttl_s: int = 3600
-    backoff_limit: int = 2
-    """Pod retries after infra errors (exit 75) and disruptions."""
-    harness_config: str | None = None
-    """Path of a harness config file inside the image (FORGE_HARNESS_CONFIG)."""
 
 
 def job_name(prefix: str, rid: str) -> str:
@@ -141,6 +109,7 @@ def render_job(planned: PlannedRollout, settings: K8sSettings) -> client.V1Job:
     labels = {
         "app.kubernetes.io/name": "forge-rollout",
         "app.kubernetes.io/managed-by": "forge",
+        f"{LABEL_PREFIX}/run": label_value(settings.run_name),
         f"{LABEL_PREFIX}/rollout": label_value(rid),
         f"{LABEL_PREFIX}/task": label_value(task.id),
         f"{LABEL_PREFIX}/group": label_value(planned.group_id),
@@ -288,6 +257,9 @@ def render_job(planned: PlannedRollout, settings: K8sSettings) -> client.V1Job:
         image=settings.image,
         command=["python", "-m", "k8s_jobs.pod"],
         working_dir="/forge/work",
+        # k8s_jobs.pod writes its result (status, reward) here for the launcher.
+        termination_message_path=TERMINATION_LOG,
+        termination_message_policy="FallbackToLogsOnError",
         env=[client.V1EnvVar(name=k, value=v) for k, v in env.items()],
         resources=client.V1ResourceRequirements(
             requests={"cpu": settings.cpu, "memory": settings.memory},

@@ -11,6 +11,7 @@ URL carries no credentials. Everything comes from the environment the Job sets:
     FORGE_PROXY_URL        e.g. http://127.0.0.1:8080; empty in transparent mode
     FORGE_CA_CERT          Forge's CA certificate (PEM)
     FORGE_WORK, FORGE_HOME the rollout's working directory and HOME
+    FORGE_TERMINATION_LOG  where the result JSON goes (default /dev/termination-log)
 
 Exit code: 0 when the rollout ended, whatever the agent did (its status is in its row);
 75 (EX_TEMPFAIL) after an infra error, which the Job's podFailurePolicy retries; 2 for
@@ -19,6 +20,7 @@ bad settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -34,6 +36,7 @@ from pipeline.shards import write_rows
 __all__ = ["EXIT_INFRA", "main", "trust_env"]
 
 EXIT_INFRA = 75  # EX_TEMPFAIL: the environment failed; try again
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows it as the container's message
 _NO_PROXY = "localhost,127.0.0.1,::1"
 
 
@@ -113,11 +116,14 @@ def main(env: Mapping[str, str] | None = None) -> int:
     if outcome.verdict is not None:
         write_rows(out, "rewards", [reward_row(rid, outcome.verdict)])
     reward = outcome.verdict.reward if outcome.verdict else None
-    print(
-        json.dumps(
-            {"rollout_id": rid, "status": outcome.status, "reward": reward, "error": outcome.error}
-        )
+    result = json.dumps(
+        {"rollout_id": rid, "status": outcome.status, "reward": reward, "error": outcome.error}
     )
+    print(result)
+    termination = Path(env.get("FORGE_TERMINATION_LOG", TERMINATION_LOG))
+    if termination.parent.is_dir():
+        with contextlib.suppress(OSError):  # outside Kubernetes there may be no such file
+            termination.write_text(result[:4000])  # the kubelet keeps 4 KiB
     return EXIT_INFRA if outcome.status == "infra_error" else 0
 
 

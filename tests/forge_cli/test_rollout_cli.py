@@ -98,10 +98,63 @@ def test_rollout_cli_reports_a_bad_task_file_with_its_line(tmp_path: Path) -> No
     assert "tasks.jsonl:2: task 'b': field 'instruction'" in done.stderr
 
 
-def test_the_k8s_backend_says_it_is_not_implemented_yet(tmp_path: Path) -> None:
-    (tmp_path / "tasks.jsonl").write_text('{"id": "a", "instruction": "x"}\n')
-    done = forge(tmp_path, "rollout", "--tasks", "tasks.jsonl", "--backend", "k8s")
-    assert done.returncode == 2 and "not implemented yet; use `forge k8s render" in done.stderr
+def test_the_k8s_backend_without_credentials_says_how_to_get_them(tmp_path: Path) -> None:
+    (tmp_path / "tasks.jsonl").write_text('{"id": "a", "instruction": "x", "harness": "toy"}\n')
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "forge_cli.main",
+            "rollout",
+            "--tasks",
+            "tasks.jsonl",
+            "--backend",
+            "k8s",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "no Kubernetes credentials" in done.stderr
+    assert "--k8s-api" in done.stderr
+
+
+def test_the_k8s_backend_runs_jobs_through_the_api_server(tmp_path: Path) -> None:
+    from tests.support.kube_api import kube_api_server
+
+    lines = [
+        json.dumps({"id": n, "instruction": "x", "harness": "toy"}) for n in ("ok", "deadline")
+    ]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines))
+    with kube_api_server() as (api, url):
+        done = forge(
+            tmp_path,
+            "rollout",
+            "--tasks",
+            "tasks.jsonl",
+            "--backend",
+            "k8s",
+            "--k8s-api",
+            url,
+            "-n",
+            "2",
+            "--out",
+            "r7",
+            "--json",
+        )
+        jobs = [p for m, p in api.requests if m == "POST"]
+    assert done.returncode == 0, done.stderr
+    got = {(r["rollout_id"], r["status"], r["reward"]) for r in json.loads(done.stdout)["results"]}
+    assert got == {
+        ("ok.0", "complete", 1.0),
+        ("ok.1", "complete", 1.0),
+        ("deadline.0", "timed_out", None),
+        ("deadline.1", "timed_out", None),
+    }
+    assert len(jobs) == 4 and "4 Job(s)" in done.stderr
 
 
 def test_list_harnesses_names_the_builtins(tmp_path: Path) -> None:

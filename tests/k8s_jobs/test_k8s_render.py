@@ -79,6 +79,8 @@ def test_the_harness_gets_the_task_the_proxy_and_the_requests() -> None:
     assert env["FORGE_PROXY_URL"] == "http://127.0.0.1:8080" and env["FORGE_HARNESS"] == "toy"
     assert parse_task(json.loads(env["FORGE_TASK_JSON"]), "x", REPO) == load_tasks(DEMO)[0]
     assert harness["resources"]["requests"] == {"cpu": "4", "memory": "4Gi"}
+    # k8s_jobs.pod's result reaches the launcher as the container's termination message.
+    assert harness["terminationMessagePath"] == "/dev/termination-log"
 
 
 def test_only_the_sidecar_can_read_the_ca_key() -> None:
@@ -128,6 +130,7 @@ def test_labels_failure_policy_deadline_and_clean_up() -> None:
     job = jobs(SETTINGS["transparent"])[0]
     labels = job["metadata"]["labels"]
     assert labels["forge.dev/rollout"] == "hello.0" and labels["forge.dev/task"] == "hello"
+    assert labels["forge.dev/run"] == "forge"  # what the launcher watches
     assert labels["forge.dev/group"] == "hello_v7" and labels["forge.dev/policy-version"] == "7"
     assert job["metadata"]["annotations"]["forge.dev/group-id"] == "hello@v7"
     assert job["spec"]["template"]["metadata"]["labels"] == labels

@@ -49,6 +49,7 @@ def run_pod(tmp_path: Path, confdir: Path, verifier: object) -> tuple[int, dict[
             "FORGE_CA_CERT": str(proxy.ca_cert),
             "FORGE_WORK": str(tmp_path / "work"),
             "FORGE_HOME": str(tmp_path / "home" / "home"),
+            "FORGE_TERMINATION_LOG": str(tmp_path / "termination-log"),
         }
         done = subprocess.run(
             [sys.executable, "-m", "k8s_jobs.pod"],
