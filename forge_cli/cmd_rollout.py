@@ -245,7 +245,7 @@ def run_k8s(
                 "task_id": r.task_id,
                 "status": r.status,
                 "reward": r.reward,
-                "job": r.attempts[0] if r.attempts else None,
+                "job": r.job,
                 "error": r.error,
             }
             for r in results

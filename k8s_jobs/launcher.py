@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from k8s_jobs.k8s import LABEL_PREFIX, K8sSettings, label_value, render_job, to_dict
 from k8s_jobs.local import PlannedRollout, RolloutResult, plan_rollouts
-from k8s_jobs.outcome import FAILED_STATUSES, STATUSES, Progress, backoff_s
+from k8s_jobs.outcome import FAILED_STATUSES, STATUSES, Progress, backoff_s, rollout_id
 from k8s_jobs.tasks import Task
 
 __all__ = ["LaunchOptions", "job_outcome", "launch_jobs"]
@@ -135,7 +135,7 @@ class _Launch:
         self.pending: deque[tuple[PlannedRollout, client.V1Job]] = deque()
         self.order: dict[str, int] = {}
         for planned in plan_rollouts(tasks, options.settings.n, options.settings.policy_version):
-            self.order[f"{planned.task.id}.{planned.sample}"] = len(self.order)
+            self.order[rollout_id(planned.task.id, planned.sample)] = len(self.order)
             self.pending.append((planned, render_job(planned, options.settings)))
         self.total = len(self.pending)
         self.active: dict[str, PlannedRollout] = {}
@@ -197,18 +197,17 @@ class _Launch:
         error: str | None,
     ) -> None:
         self.active.pop(name, None)
-        rid = f"{planned.task.id}.{planned.sample}"
+        rid = rollout_id(planned.task.id, planned.sample)
         self.results[rid] = RolloutResult(
             rid,
             planned.task.id,
             planned.sample,
             planned.group_id,
             status,
-            reward,
-            None,
-            None,
-            error,
-            [name],
+            reward=reward,
+            error=error,
+            attempts=[rid],
+            job=name,
         )
         self._progress()
 

@@ -114,6 +114,8 @@ class RolloutResult:
     attempts: list[str] = field(default_factory=list)
     """Rollout ids of every attempt, in order (more than one after infra errors)."""
     wall_s: float = 0.0
+    job: str | None = None
+    """The Kubernetes Job's name (the k8s backend)."""
 
 
 @dataclass

@@ -9,7 +9,7 @@ import json
 import pytest
 from kubernetes import client
 
-from k8s_jobs.k8s import K8sSettings
+from k8s_jobs.k8s import K8sSettings, job_name
 from k8s_jobs.launcher import LaunchOptions, job_outcome, launch_jobs
 from k8s_jobs.tasks import parse_tasks
 from tests.support.kube_api import KubeApi, kube_api_server
@@ -78,6 +78,8 @@ def test_an_existing_job_is_adopted_on_409() -> None:
         first = launch_jobs(tasks_named("ok"), options(), api_client(url))
         again = launch_jobs(tasks_named("ok"), options(), api_client(url))  # same Job names
     assert [r.status for r in first] == [r.status for r in again] == ["complete"]
+    assert first[0].job == again[0].job == job_name("t", "ok.0")
+    assert first[0].rollout_id == "ok.0"
 
 
 def test_a_missing_namespace_is_an_infra_error_without_retries() -> None:
