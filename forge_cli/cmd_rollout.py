@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
         "tree) at the task's timeout; the verifier's result is written as its reward. Statuses: "
         f"{', '.join(STATUSES)}; only infra_error is retried.",
     )
-    p.add_argument("--tasks", type=Path, required=True, help="task file (.jsonl, .yaml or .yml)")
+    p.add_argument("--tasks", type=Path, default=None, help="task file (.jsonl, .yaml or .yml)")
     p.add_argument("--harness", default=None, help="harness for every task (default: each task's)")
     p.add_argument(
         "-n", type=int, default=1, help="rollouts per task, the GRPO group size (default 1)"
@@ -141,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
         for name, t in sorted(templates.items()):
             print(f"{name:<10} {t.description}")
         return 0
+    if args.tasks is None:
+        raise ForgeError(
+            "nothing to run: pass --tasks FILE (.jsonl or .yaml; see docs/rollouts.md)"
+        )
     tasks = load_tasks(args.tasks)
     out = args.out or Path("data/runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
     printer = _ProgressPrinter()
