@@ -19,6 +19,8 @@ COMMANDS = (
     "cmd_export",
     "cmd_reward",
     "cmd_eval",
+    "cmd_rollout",
+    "cmd_k8s",
 )
 
 
