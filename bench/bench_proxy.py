@@ -157,10 +157,19 @@ def summarise(c: pc.Contender, phases: dict[str, list[Phase]]) -> Measured:
     )
 
 
-def count_recorded(forge_dir: Path) -> int:
+def count_recorded(forge_dir: Path) -> tuple[int, int]:
+    """(calls Forge stored, those not stored whole: incomplete, unparsed or without request)."""
     import pyarrow.parquet as pq
 
-    return sum(pq.read_metadata(p).num_rows for p in (forge_dir / "calls").glob("*.parquet"))
+    rows = bad = 0
+    for path in (forge_dir / "calls").glob("*.parquet"):
+        for row in pq.read_table(
+            path, columns=["status", "parse_error", "request_head_hash"]
+        ).to_pylist():
+            rows += 1
+            ok = row["status"] == "complete" and row["parse_error"] is None
+            bad += not (ok and row["request_head_hash"])
+    return rows, bad
 
 
 def compute_figures(
@@ -311,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
                 by_name, sent = measure_all(contenders, sizes, args.rounds, args.stream_words)
             stats = pc.upstream_stats(upstream, pki)
         if "forge" in by_name:  # Forge has stopped (shards flushed): it recorded every call
-            recorded = count_recorded(work / "forge-run")
+            recorded, bad = count_recorded(work / "forge-run")
             by_name["forge"] = replace(by_name["forge"], recorded_calls=recorded)
-            if recorded != sent["forge"]:
+            if recorded != sent["forge"] or bad:
                 print(
-                    f"error: Forge recorded {recorded} calls of the {sent['forge']} it passed",
+                    f"error: Forge recorded {recorded} calls of the {sent['forge']} it passed, "
+                    f"{bad} of them not whole",
                     file=sys.stderr,
                 )
                 return 1

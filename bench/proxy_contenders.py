@@ -2,14 +2,17 @@
 
 - ``direct``: no proxy; the client calls the upstream's HTTPS URL.
 - ``mitmdump``: bare ``mitmdump``, no addon, streaming bodies (``stream_large_bodies=1``:
-  without it mitmproxy holds a server-sent event stream back until it ends).
+  without it mitmproxy holds a server-sent event stream back until it ends, so its time
+  to first token would be the whole stream's).
 - ``forge``: the same ``mitmdump`` command plus ``-s mitm_addon/forge_addon.py`` recording
-  to a temporary ``forge_dir`` (``forge_hosts=127.0.0.1``: the upstream's host).
+  to a temporary ``forge_dir`` (``forge_hosts=127.0.0.1``: the upstream's host), without
+  ``stream_large_bodies``: Forge streams (tees) responses itself, and the option would
+  also stream request bodies past the addon, which then records them empty.
 - ``litellm``: LiteLLM's proxy (``litellm --config``), a gateway with an OpenAI model
   pointing at the same upstream, serving HTTPS itself, from its own virtual environment.
 
-Both mitmdump contenders get the same options (those Forge's launcher sets, plus trust
-in the bench CA for the upstream leg), so the difference between them is the addon.
+Otherwise both mitmdump contenders get the same options (those Forge's launcher sets, plus
+trust in the bench CA for the upstream leg), so the difference between them is the addon.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from bench.bench_tls import Pki
-from bench.proxy_load import Route
+from bench.proxy_load import BENCH_KEY, Route
 from forge_cli.proxy import ADDON, free_port, mitmdump_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,8 +132,6 @@ def mitmdump(upstream: str, pki: Pki, work: Path, addon: bool) -> Iterator[Conte
         "--set",
         "flow_detail=0",
         "--set",
-        "stream_large_bodies=1",
-        "--set",
         f"ssl_verify_upstream_trusted_ca={pki.ca_cert}",
     ]
     ready = work / f".{name}-ready.json"
@@ -146,6 +147,8 @@ def mitmdump(upstream: str, pki: Pki, work: Path, addon: bool) -> Iterator[Conte
             "--set",
             f"forge_ready_file={ready}",
         ]
+    else:
+        cmd += ["--set", "stream_large_bodies=1"]
     with _process(cmd, log, cwd=REPO) as process:
         if addon:
             _wait_file(ready, process, log)
@@ -168,6 +171,8 @@ model_list:
       model: openai/{model}
       api_base: {upstream}/v1
       api_key: sk-bench-not-a-real-key
+general_settings:
+  master_key: {master_key}
 litellm_settings:
   telemetry: false
   drop_params: true
@@ -191,7 +196,12 @@ def litellm(upstream: str, pki: Pki, work: Path, model: str) -> Iterator[Contend
     exe = litellm_path()
     port = free_port()
     config = work / "litellm.yaml"
-    config.write_text(LITELLM_CONFIG.format(model=model, upstream=upstream, cafile=pki.ca_cert))
+    config.write_text(
+        LITELLM_CONFIG.format(
+            model=model, upstream=upstream, cafile=pki.ca_cert, master_key=BENCH_KEY
+        )
+    )
+    config.chmod(0o600)
     log = work / "litellm.log"
     cmd = [
         str(exe),

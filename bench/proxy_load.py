@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 import aiohttp
 
 SYSTEM_PROMPT_WORDS = 300  # a short harness system prompt: the request body is ~3 kB
+# The key every client sends (the upstream ignores it; LiteLLM takes it as its master key,
+# without which it refuses to start). Fresh per run, and never written anywhere else.
+BENCH_KEY = "sk-bench-" + secrets.token_hex(24)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def client_session(route: Route, concurrency: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=60),
-        headers={"authorization": "Bearer sk-bench-not-a-real-key"},
+        headers={"authorization": f"Bearer {BENCH_KEY}"},
     )
 
 

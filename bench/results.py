@@ -74,26 +74,38 @@ def command_line(module: str, argv: list[str] | None) -> str:
 
 def load(path: Path = RESULTS_JSON) -> dict[str, Any]:
     if not path.exists():
-        return with_required({"figures": {}, "benchmarks": {}, "missing": {}})
+        return {"figures": {}, "benchmarks": {}, "missing": {}}
     data: dict[str, Any] = json.loads(path.read_text())
     data.setdefault("figures", {})
     data.setdefault("benchmarks", {})
     data.setdefault("missing", {})
-    return with_required(data)
+    return data
 
 
-def with_required(data: dict[str, Any]) -> dict[str, Any]:
-    """Every required figure present: measured, or null with the reason in ``missing``."""
+def _tidy(data: dict[str, Any]) -> dict[str, Any]:
+    """Reasons only for figures that are null; both maps sorted by key."""
+    figures = data["figures"]
+    data["missing"] = {
+        k: r for k, r in sorted(data["missing"].items()) if k in figures and figures[k] is None
+    }
+    data["figures"] = dict(sorted(figures.items()))
+    return data
+
+
+def add_required(json_path: Path = RESULTS_JSON, md_path: Path = RESULTS_MD) -> list[str]:
+    """Write every figure of ``REQUIRED_FIGURES`` that no benchmark has measured as null,
+    with its reason; returns those keys. ``run_all`` calls it after the benchmarks."""
+    data = load(json_path)
+    added = []
     for key, reason in REQUIRED_FIGURES.items():
         if data["figures"].get(key) is None:
             data["figures"][key] = None
             data["missing"].setdefault(key, reason)
-    for key in list(data["missing"]):
-        if data["figures"].get(key) is not None or key not in data["figures"]:
-            del data["missing"][key]
-    data["figures"] = dict(sorted(data["figures"].items()))
-    data["missing"] = dict(sorted(data["missing"].items()))
-    return data
+            added.append(key)
+    data = _tidy(data)
+    _write(json_path, json.dumps(data, indent=2) + "\n")
+    _write(md_path, render_markdown(data))
+    return added
 
 
 def record(
@@ -120,7 +132,7 @@ def record(
         data["missing"].pop(key, None)
     data["figures"].update(figures)
     data["missing"].update(missing or {})
-    data = with_required(data)
+    data = _tidy(data)
     data["benchmarks"][name] = {
         "figures": figures,
         "table": table,
