@@ -104,6 +104,7 @@ def check_contenders(data: Any, names: set[str]) -> None:
     assert contenders["forge"]["recorded_calls"] > 0
 
 
+@pytest.mark.slow  # 25-80 s here: three proxies start, and 64 TLS tunnels open through each
 def test_tiny_run_prints_and_records_finite_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
