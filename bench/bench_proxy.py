@@ -63,8 +63,8 @@ class Sizes:
 
 
 # Quick: under 3 minutes on 2 busy cores with LiteLLM (about 15 calls/s there) included.
-QUICK = Sizes(warmup=64, latency=160, streams=50, c8=128, c64=192)
-FULL = Sizes(warmup=256, latency=1600, streams=500, c8=1280, c64=1920)
+QUICK = Sizes(warmup=48, latency=120, streams=40, c8=96, c64=128)
+FULL = Sizes(warmup=256, latency=1200, streams=400, c8=960, c64=1280)
 
 
 @dataclass(frozen=True)
