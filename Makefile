@@ -4,8 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 HARNESS_STAMP := .harnesses/node_modules/.forge-installed
+# LiteLLM's proxy, the peer the proxy benchmark compares with, in a venv of its own
+# (its pins clash with Forge's: openai 3, httpx 0.29).
+LITELLM_VENV := bench/.venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.forge-installed
 
-.PHONY: setup harnesses demo test test-fast test-slow soak bench lint schema-doc clean
+.PHONY: setup harnesses demo test test-fast test-slow soak bench bench-setup lint schema-doc clean
 
 setup: $(STAMP)
 
@@ -38,6 +42,18 @@ test-slow: setup harnesses
 soak: setup
 	FORGE_SOAK=1 $(PY) -m pytest tests/mitm_addon/test_fuzz_parsers.py tests/mitm_addon/test_fuzz_hooks.py -q --timeout=1800
 
+# Every benchmark (proxy overhead, storage, pipeline) at its quoted size; the figures go to
+# bench/results.json and the table to bench/results.md (machine and date included).
+bench: setup bench-setup
+	$(PY) -m bench.run_all
+
+bench-setup: $(LITELLM_STAMP)
+
+$(LITELLM_STAMP): bench/litellm-constraints.txt
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q -c bench/litellm-constraints.txt "litellm[proxy]"
+	touch $(LITELLM_STAMP)
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
@@ -46,4 +62,4 @@ schema-doc: setup
 	$(PY) -m pipeline.schema > docs/schema.md
 
 clean:
-	rm -rf $(VENV) .harnesses/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LITELLM_VENV) .harnesses/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 """Run the benchmarks and merge their figures into bench/results.json and bench/results.md.
 
-    python -m bench.run_all                 # full sizes: 1,000,000 calls; 10, 100, 1000 turns
+    python -m bench.run_all                 # full sizes: 1,000,000 calls; 10, 100, 1000 turns;
+                                            # proxy overhead at its default (quoted) size
     python -m bench.run_all --quick         # a smoke run at small sizes (not for quoting)
     python -m bench.run_all --only storage  # one benchmark
 
@@ -16,9 +17,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import bench_pipeline, bench_storage, results
+from bench import bench_pipeline, bench_proxy, bench_storage, results
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
+    "proxy": lambda a: [
+        *(["--full"] if a.proxy_full else []),
+        *(["--scale", "0.2"] if a.quick else []),
+        *(f"--skip={name}" for name in a.proxy_skip),
+    ],
     "storage": lambda a: ["--turns", a.turns, "--seed", str(a.seed)],
     "pipeline": lambda a: [
         "--calls",
@@ -30,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
     ],
 }
 _MAINS: dict[str, Callable[[list[str]], int]] = {
+    "proxy": bench_proxy.main,
     "storage": bench_storage.main,
     "pipeline": bench_pipeline.main,
 }
@@ -44,6 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
+        "--proxy-full", action="store_true", help="proxy benchmark at 10x its default calls"
+    )
+    parser.add_argument(
+        "--proxy-skip",
+        choices=bench_proxy.CONTENDERS[1:],
+        action="append",
+        default=[],
+        help="leave a proxy contender out (its figures are then null, with the reason)",
+    )
+    parser.add_argument(
         "--only",
         choices=sorted(BENCHMARKS),
         action="append",
@@ -52,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes (20,000 calls; 10 and 100 turns; best of 1)",
+        help="small sizes (20,000 calls; 10 and 100 turns; best of 1; a fifth of the proxy calls)",
     )
     parser.add_argument(
         "--results",
@@ -71,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         code = _MAINS[name]([*BENCHMARKS[name](args), "--results", str(args.results)])
         if code:
             return code
-    figures = results.load(args.results / "results.json")["figures"]
-    print(json.dumps(figures, indent=2))
+    results.add_required(args.results / "results.json", args.results / "results.md")
+    data = results.load(args.results / "results.json")
+    print(json.dumps(data["figures"], indent=2))
+    for key, reason in data["missing"].items():
+        print(f"{key} is null: {reason}")
     print(f"wrote {args.results / 'results.json'} and {args.results / 'results.md'}")
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -47,9 +47,20 @@ class Capture:
 
     _BLOBS = ("request_body", "response_body")
 
+    def _header(self) -> dict[str, Any]:
+        """Every field but the bodies, as ``asdict`` gives them (its values are flat: the
+        headers map str to str and parent_pids holds ints, so shallow copies are deep ones).
+        Built by hand because ``asdict`` deep-copies field by field, and this runs on the
+        event loop twice per call."""
+        header = {name: getattr(self, name) for name in _HEADER_FIELDS}
+        header["request_headers"] = dict(self.request_headers)
+        header["response_headers"] = dict(self.response_headers)
+        header["parent_pids"] = list(self.parent_pids)
+        return header
+
     def to_frame(self) -> tuple[dict[str, Any], bytes]:
         """(JSON header, blob) for the WAL; the blob is request body then response body."""
-        header = {k: v for k, v in asdict(self).items() if k not in self._BLOBS}
+        header = self._header()
         header["request_len"] = len(self.request_body)
         return header, self.request_body + self.response_body
 
@@ -62,11 +73,14 @@ class Capture:
 
     def begin_header(self) -> dict[str, Any]:
         """The small record written when the request arrives (recovery marks it incomplete)."""
-        header, _ = self.to_frame()
+        header = self._header()
         header.pop("request_headers", None)
         header.pop("response_headers", None)
         header["request_len"] = 0
         return header
+
+
+_HEADER_FIELDS = tuple(f.name for f in fields(Capture) if f.name not in Capture._BLOBS)
 
 
 def dumps(header: dict[str, Any]) -> bytes:

@@ -27,7 +27,7 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.addonmanager import Loader
 
 from mitm_addon import config as cfg
-from mitm_addon.attribution import ProcessInfo, lookup_process
+from mitm_addon.attribution import ProcessInfo, ProcessLookups
 from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.ids import new_id
@@ -86,7 +86,7 @@ class ForgeAddon:
         self.run_id = new_id("run-")
         self._conn_rollout: dict[str, str] = {}
         self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
-        self._lookups = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="forge-lookup")
+        self._lookups = ProcessLookups(os.getpid())
         self._local_addresses = local_addresses()
 
     # -- options -------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class ForgeAddon:
         if self.writer is not None:
             self.writer.stop()
             self.writer = None
-        self._lookups.shutdown(wait=False, cancel_futures=True)
+        self._lookups.shutdown()
 
     # -- connections ---------------------------------------------------------------------
 
@@ -282,9 +282,7 @@ class ForgeAddon:
         # capture of a REDIRECTed connection) one of the host's own addresses.
         if client.peername[0].removeprefix("::ffff:") not in self._local_addresses:
             return
-        self._conn_process[client.id] = self._lookups.submit(
-            lookup_process, client.peername[1], os.getpid()
-        )
+        self._conn_process[client.id] = self._lookups.submit(client.peername[1])
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._conn_rollout.pop(client.id, None)
