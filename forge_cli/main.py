@@ -18,6 +18,7 @@ COMMANDS = (
     "cmd_export",
     "cmd_reward",
     "cmd_eval",
+    "cmd_train",
 )
 
 
