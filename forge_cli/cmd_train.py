@@ -72,7 +72,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl import losses, trainer
-    from rl.batches import BatchError, read_samples
+    from rl.batches import BatchError, read_group_stats, read_samples
 
     if args.out.exists():
         raise ForgeError(f"--out {args.out} exists: checkpoints are never overwritten")
@@ -122,7 +122,15 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        trainer.train(model, samples, settings, ref, on_step=emit, progress=not args.no_progress)
+        trainer.train(
+            model,
+            samples,
+            settings,
+            ref,
+            on_step=emit,
+            progress=not args.no_progress,
+            snapshot_stats=read_group_stats(args.snapshot),
+        )
     except (BatchError, ValueError, FloatingPointError) as e:
         raise ForgeError(str(e)) from None
     info = {

@@ -137,6 +137,29 @@ def read_samples(snapshot: str | Path) -> list[Sample]:
     return samples_from_table(pq.read_table(root / rel))
 
 
+def read_group_stats(snapshot: str | Path) -> dict[str, float]:
+    """Group metrics of the snapshot's ``groups`` table, which also holds the rollouts the
+    GRPO rules dropped: ``groups/zero_spread`` counts groups whose members all had one
+    reward (dropped by default, so absent from the samples), ``rollouts/dropped/<reason>``
+    the rollouts left out per reason."""
+    root = Path(snapshot)
+    manifest = json.loads((root / "manifest.json").read_text())
+    rel = manifest.get("tables", {}).get("groups", {}).get("path")
+    if rel is None or not (root / rel).is_file():
+        return {}
+    rows = pq.read_table(root / rel, columns=["group_id", "drop_reason"]).to_pylist()
+    zero = {r["group_id"] for r in rows if r["drop_reason"] == "zero_spread"}
+    out = {
+        "groups/total": float(len({r["group_id"] for r in rows})),
+        "groups/zero_spread": float(len(zero)),
+    }
+    for r in rows:
+        if r["drop_reason"] is not None:
+            key = f"rollouts/dropped/{r['drop_reason']}"
+            out[key] = out.get(key, 0.0) + 1.0
+    return out
+
+
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
     """Right-pad ``samples`` to the longest one: one ``Batch``."""
     if not samples:

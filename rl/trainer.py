@@ -164,9 +164,11 @@ def train(
     ref_model: torch.nn.Module | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     progress: bool = False,
+    snapshot_stats: dict[str, float] | None = None,
 ) -> list[dict[str, float]]:
     """Optimizer steps over ``samples``: ``epochs`` x mini-batches. Returns each step's
-    metrics (also passed to ``on_step``), each with ``step`` and the sample statistics."""
+    metrics (also passed to ``on_step``), each with ``step`` and the sample statistics
+    (``snapshot_stats``, e.g. ``read_group_stats``, add to and override them)."""
     if not samples:
         raise ValueError("no samples to train on")
     torch.manual_seed(settings.seed)
@@ -193,6 +195,11 @@ def train(
             for step in plan
         ]
     stats = group_stats(samples)
+    if snapshot_stats:
+        # Zero-spread groups dropped by the pipeline plus any kept with all advantages 0.
+        kept_zero = stats["groups/zero_spread"]
+        stats.update(snapshot_stats)
+        stats["groups/zero_spread"] = snapshot_stats.get("groups/zero_spread", 0.0) + kept_zero
     history = []
     bar = _progress(len(plan), progress)
     try:

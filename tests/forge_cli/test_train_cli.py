@@ -30,6 +30,7 @@ def test_train_writes_a_checkpoint_one_version_up_and_json_metrics(
     assert metrics["policy_version"] == 0 and metrics["step"] == 1
     assert {"loss/pg", "adv/mean", "groups/zero_spread", "grad/norm"} <= set(metrics)
     assert metrics["groups/count"] == 2 and metrics["samples/count"] == 4
+    assert metrics["groups/zero_spread"] == 1 and metrics["groups/total"] == 3
     meta = json.loads((step1 / "forge.json").read_text())
     assert meta["policy_version"] == 1 and meta["mode"] == "grpo"
     assert meta["snapshot"] == str(snapshot_dir.resolve())

@@ -108,7 +108,8 @@ def _token_call(call_id: str, s: float, rollout: str, drift: str, parent: str | 
 @pytest.fixture(scope="session")
 def snapshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real snapshot (``write_snapshot`` over real shards): task t, rollouts r1 (reward 1,
-    two CLEAN calls) and r2 (reward 0); task u, rollouts r3 (1) and r4 (0)."""
+    two CLEAN calls) and r2 (reward 0); task u, rollouts r3 (1) and r4 (0); task v, r5 and
+    r6 both rewarded 1 (zero spread: GRPO drops the group)."""
     from pipeline.shards import write_shard
     from pipeline.snapshot import write_snapshot
     from pipeline.store import connect
@@ -122,14 +123,18 @@ def snapshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _token_call("b1", 0, "r2", "FORK", None, [2, 3], [8]),
         _token_call("c1", 0, "r3", "FORK", None, [9, 10, 11], [12, 13, 14]),
         _token_call("d1", 0, "r4", "FORK", None, [9, 10, 11], [15]),
+        _token_call("e1", 0, "r5", "FORK", None, [16, 17], [18]),
+        _token_call("f1", 0, "r6", "FORK", None, [16, 17], [19]),
     ]
     write_shard(run, "calls", "calls-0", calls)
     rollouts = [rollout_row("r1", "t"), rollout_row("r2", "t")]
     rollouts += [rollout_row("r3", "u"), rollout_row("r4", "u")]
+    rollouts += [rollout_row("r5", "v"), rollout_row("r6", "v")]
     write_shard(run, "rollouts", "rollouts", rollouts)
     rewards = [reward_row("r1", 1.0), reward_row("r2", 0.0)]
     rewards += [reward_row("r3", 1.0), reward_row("r4", 0.0)]
+    rewards += [reward_row("r5", 1.0), reward_row("r6", 1.0)]
     write_shard(run, "rewards", "rewards", rewards)
     out = root / "s001"
-    write_snapshot(run, out, con=connect(run))
+    write_snapshot(run, out, con=connect(run), audit=False)
     return out

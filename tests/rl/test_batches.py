@@ -17,6 +17,7 @@ from rl.batches import (
     collate,
     group_stats,
     iter_batches,
+    read_group_stats,
     read_samples,
     samples_from_table,
     split_micro_batches,
@@ -121,6 +122,18 @@ def test_snapshot_samples_load_as_the_snapshot_wrote_them(snapshot_dir: Path) ->
     assert batch.uid[0] == batch.uid[1] != batch.uid[2] == batch.uid[3]
     per_sample = batch.advantages.sum(-1) / batch.loss_mask.sum(-1)
     assert sorted(per_sample.sign().tolist()) == [-1, -1, 1, 1]
+
+
+def test_snapshot_group_stats_count_the_zero_spread_groups_grpo_dropped(
+    snapshot_dir: Path,
+) -> None:
+    stats = read_group_stats(snapshot_dir)
+    assert stats == {
+        "groups/total": 3,
+        "groups/zero_spread": 1,
+        "rollouts/dropped/zero_spread": 2,
+    }
+    assert {s.group_id for s in read_samples(snapshot_dir)} == {"t@v0", "u@v0"}
 
 
 def test_hand_built_samples_table_with_the_snapshot_schema(tmp_path: Path) -> None:
