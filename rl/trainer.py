@@ -100,6 +100,17 @@ def with_old_logprobs(model: torch.nn.Module, batch: Batch, recompute_all: bool)
     return replace(batch, old_logprobs=old, old_logprobs_known=torch.ones_like(todo))
 
 
+def check_vocabulary(samples: Sequence[Sample], vocab_size: int) -> None:
+    """Refuse token ids the model cannot embed (a snapshot from another tokenizer)."""
+    for s in samples:
+        top = max(s.input_ids)
+        if top >= vocab_size or min(s.input_ids) < 0:
+            raise ValueError(
+                f"sample {s.sample_id} holds token id {top}, outside the model's vocabulary "
+                f"of {vocab_size}: train the model whose tokenizer recorded the snapshot"
+            )
+
+
 def mini_batches(samples: Sequence[Sample], size: int | None) -> list[list[Sample]]:
     """Consecutive mini-batches of ``size`` samples (None: one of all of them)."""
     if size is None:
@@ -171,6 +182,7 @@ def train(
     (``snapshot_stats``, e.g. ``read_group_stats``, add to and override them)."""
     if not samples:
         raise ValueError("no samples to train on")
+    check_vocabulary(samples, int(model.config.vocab_size))
     torch.manual_seed(settings.seed)
     pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
     optimizer = torch.optim.AdamW(

@@ -209,3 +209,11 @@ def test_the_checkpoint_reloads_with_transformers_and_carries_its_version(
     with pytest.raises(FileExistsError, match="never overwritten"):
         save_checkpoint(model, out, 2)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_any_step(tiny_model: Any) -> None:
+    bad = Sample("x", "g", (1, 2, 4096), (0, 1, 1), None, 1.0)
+    before = copy.deepcopy(tiny_model.state_dict())
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 48"):
+        train(tiny_model, [*make_samples(2), bad], TrainSettings(lr=1e-2))
+    assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
