@@ -21,6 +21,7 @@ COMMANDS = (
     "cmd_eval",
     "cmd_rollout",
     "cmd_k8s",
+    "cmd_train",
 )
 
 

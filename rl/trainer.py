@@ -1,0 +1,302 @@
+"""Embedded GRPO/PPO trainer: one process, torch on CPU or one GPU, veRL's loss maths.
+
+``train(model, samples, settings)`` runs optimizer steps over a snapshot's samples:
+each step takes a mini-batch (``mini_batch_size`` samples; all of them by default, one
+on-policy update per GRPO pass), splits it into micro-batches (gradient accumulation),
+normalises every micro-batch by the whole mini-batch's counts (veRL's
+``global_batch_info``) and steps once. The loss comes from ``rl.losses`` (veRL's
+``core_algos``); ``sft=True`` trains cross-entropy on the completion tokens instead.
+Checkpoints are Hugging Face model folders with ``forge.json`` giving the policy version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rl import losses
+from rl.batches import Batch, Sample, collate, group_stats, split_micro_batches
+
+logger = logging.getLogger(__name__)
+
+FORGE_JSON = "forge.json"
+# Files of a model folder that belong to its weights (rewritten by save_pretrained);
+# everything else (tokenizer, chat template, generation config) is copied to a checkpoint.
+# Metrics that are already normalised by the mini-batch (they add over micro-batches).
+_SUMMED = frozenset({"loss/pg", "loss/kl", "loss/total", "loss/sft"})
+_WEIGHT_FILES = ("config.json", FORGE_JSON, "model.safetensors", "model.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One training pass over a snapshot."""
+
+    loss: losses.LossSettings = field(default_factory=losses.LossSettings)
+    """Policy loss, aggregation, clipping and KL, in veRL's names."""
+    sft: bool = False
+    """Cross-entropy on the completion tokens instead of the policy loss (advantages unused)."""
+    lr: float = 1e-6
+    """AdamW learning rate (veRL's actor default)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (veRL's actor default)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this before each step (veRL's default)."""
+    micro_batch_size: int = 4
+    """Samples per forward/backward; gradients accumulate over a mini-batch's micro-batches."""
+    max_tokens: int | None = None
+    """Padded tokens per micro-batch at most (None: no bound); a longer sample is an error."""
+    mini_batch_size: int | None = None
+    """Samples per optimizer step (None: all of them, one step per epoch)."""
+    epochs: int = 1
+    """Passes over the samples (veRL's ppo_epochs)."""
+    recompute_old_logprobs: bool = False
+    """Use the current weights' logprobs as the old ones for every sample (as veRL does);
+    otherwise only samples recorded without logprobs get them recomputed."""
+    seed: int = 0
+    """Seeds torch before training (dropout, if the model has any)."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError("micro_batch_size must be at least 1")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ValueError("mini_batch_size must be at least 1")
+        if self.epochs < 1:
+            raise ValueError("epochs must be at least 1")
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """(B, T) logprob of each token given the ones before it; 0 at position 0 and padding."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    # (B, T-1, V) predicts tokens 1..T-1; cross_entropy wants classes on dim 1.
+    lp = -F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), batch.input_ids[:, 1:], reduction="none"
+    )
+    lp = lp * batch.attention_mask[:, 1:]
+    return F.pad(lp, (1, 0))
+
+
+def with_old_logprobs(model: torch.nn.Module, batch: Batch, recompute_all: bool) -> Batch:
+    """``batch`` with old logprobs from the current weights where unknown (or everywhere)."""
+    todo = torch.ones_like(batch.old_logprobs_known) if recompute_all else ~batch.old_logprobs_known
+    if not bool(todo.any()):
+        return batch
+    with torch.no_grad():
+        fresh = token_logprobs(model, batch) * batch.loss_mask
+    old = torch.where(todo[:, None], fresh, batch.old_logprobs)
+    return replace(batch, old_logprobs=old, old_logprobs_known=torch.ones_like(todo))
+
+
+def check_vocabulary(samples: Sequence[Sample], vocab_size: int) -> None:
+    """Refuse token ids the model cannot embed (a snapshot from another tokenizer)."""
+    for s in samples:
+        top = max(s.input_ids)
+        if top >= vocab_size or min(s.input_ids) < 0:
+            raise ValueError(
+                f"sample {s.sample_id} holds token id {top}, outside the model's vocabulary "
+                f"of {vocab_size}: train the model whose tokenizer recorded the snapshot"
+            )
+
+
+def mini_batches(samples: Sequence[Sample], size: int | None) -> list[list[Sample]]:
+    """Consecutive mini-batches of ``size`` samples (None: one of all of them)."""
+    if size is None:
+        return [list(samples)]
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[Batch],
+    settings: TrainSettings,
+    ref_model: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """One optimizer step over the micro-batches of a mini-batch; returns its metrics."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    tokens = sum(b.n_loss_tokens for b in batches)
+    if tokens == 0:
+        raise ValueError("this mini-batch has no trained tokens (every loss mask is 0)")
+    config = None if settings.sft else losses.actor_config(settings.loss)
+    if config is not None:
+        mask = torch.cat([b.loss_mask.sum(dim=-1) for b in batches])  # (B_total,)
+        config.global_batch_info.update(losses.global_batch_info(mask[:, None], settings.loss))
+    totals: dict[str, float] = {}
+    for batch in batches:
+        logprobs = token_logprobs(model, batch)
+        if config is None:
+            loss = losses.sft_loss(logprobs, batch.loss_mask, tokens)
+            metrics = {"loss/sft": float(loss.detach())}
+        else:
+            ref = None
+            if config.use_kl_loss:
+                if ref_model is None:
+                    raise ValueError("kl_coef > 0 needs a reference model")
+                with torch.no_grad():
+                    ref = token_logprobs(ref_model, batch)
+            loss, metrics = losses.ppo_loss(
+                config, logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, ref
+            )
+        loss.backward()
+        share = batch.n_loss_tokens / tokens
+        for k, v in metrics.items():
+            # Losses are normalised by the whole mini-batch: they add up. Means over one
+            # micro-batch (clip fractions, ppo_kl) are weighted by its share of tokens.
+            totals[k] = totals.get(k, 0.0) + (v if k in _SUMMED else v * share)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+    if not math.isfinite(float(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"gradient norm {float(grad_norm)}: step skipped")
+    optimizer.step()
+    totals["grad/norm"] = float(grad_norm)
+    totals["batch/tokens"] = float(tokens)
+    totals["batch/samples"] = float(sum(len(b) for b in batches))
+    return totals
+
+
+def train(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    settings: TrainSettings,
+    ref_model: torch.nn.Module | None = None,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+    progress: bool = False,
+    snapshot_stats: dict[str, float] | None = None,
+) -> list[dict[str, float]]:
+    """Optimizer steps over ``samples``: ``epochs`` x mini-batches. Returns each step's
+    metrics (also passed to ``on_step``), each with ``step`` and the sample statistics
+    (``snapshot_stats``, e.g. ``read_group_stats``, add to and override them)."""
+    if not samples:
+        raise ValueError("no samples to train on")
+    check_vocabulary(samples, int(model.config.vocab_size))
+    torch.manual_seed(settings.seed)
+    pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+    )
+    plan = [
+        [
+            collate(chunk, pad_id)
+            for chunk in split_micro_batches(mb, settings.micro_batch_size, settings.max_tokens)
+        ]
+        for _ in range(settings.epochs)
+        for mb in mini_batches(samples, settings.mini_batch_size)
+    ]
+    if not settings.sft:
+        # Old logprobs come from the weights before any update (veRL computes them once
+        # per batch, before its PPO epochs).
+        model.eval()
+        plan = [
+            [with_old_logprobs(model, b, settings.recompute_old_logprobs) for b in step]
+            for step in plan
+        ]
+    stats = group_stats(samples)
+    if snapshot_stats:
+        # Zero-spread groups dropped by the pipeline plus any kept with all advantages 0.
+        kept_zero = stats["groups/zero_spread"]
+        stats.update(snapshot_stats)
+        stats["groups/zero_spread"] = snapshot_stats.get("groups/zero_spread", 0.0) + kept_zero
+    history = []
+    bar = _progress(len(plan), progress)
+    try:
+        for i, step in enumerate(plan):
+            result = train_step(model, optimizer, step, settings, ref_model)
+            metrics = {"step": float(i + 1), **stats, **result}
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            if bar is not None:
+                bar.update(1)
+                key = "loss/sft" if settings.sft else "loss/pg"
+                bar.set_postfix({key: f"{metrics.get(key, float('nan')):.4f}"})
+    finally:
+        if bar is not None:
+            bar.close()
+    model.eval()
+    return history
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="train", unit="step", dynamic_ncols=True)
+
+
+# --- Checkpoints ------------------------------------------------------------------------
+
+
+def read_policy_version(model_dir: str | Path) -> int:
+    """The policy version recorded in ``model_dir/forge.json`` (0 for a folder without one)."""
+    path = Path(model_dir) / FORGE_JSON
+    if not path.is_file():
+        return 0
+    return int(json.loads(path.read_text())["policy_version"])
+
+
+def load_policy(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    """The causal LM of a Hugging Face folder, in ``dtype`` (fp32 for CPU training)."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+
+
+def save_checkpoint(
+    model: Any,
+    out: str | Path,
+    policy_version: int,
+    source: str | Path | None = None,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` to the new folder ``out`` with ``forge.json`` (policy version, info).
+
+    Non-weight files of ``source`` (tokenizer, chat template) are copied along. The folder
+    is written next to ``out`` and renamed into place: it appears whole or not at all.
+    """
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists: checkpoints are never overwritten; pick a new --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(tmp)
+        if source is not None:
+            for path in sorted(Path(source).iterdir()):
+                if (
+                    path.is_file()
+                    and path.name not in _WEIGHT_FILES
+                    and not (tmp / path.name).exists()
+                ):
+                    if path.suffix in (".safetensors", ".bin", ".pt"):
+                        continue
+                    shutil.copy2(path, tmp / path.name)
+        meta = {"policy_version": int(policy_version), **(info or {})}
+        (tmp / FORGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
