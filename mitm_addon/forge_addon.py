@@ -201,6 +201,14 @@ class ForgeAddon:
                 # mitmproxy listens on every interface by default; a recorder of API
                 # traffic should not: loopback unless asked otherwise.
                 ctx.options.update(listen_host="127.0.0.1")
+        if "stream_large_bodies" in updated and ctx.options.stream_large_bodies:
+            # mitmproxy would stream a large request past the addon, which then records
+            # an empty body; Forge streams responses from LLM hosts itself anyway.
+            raise exceptions.OptionsError(
+                "stream_large_bodies would pass large requests through unrecorded: unset it "
+                "(Forge streams every response from an LLM host itself; forge_max_body_bytes "
+                "bounds what it keeps)"
+            )
         if not any(k.startswith("forge_") for k in updated):
             return
         o = ctx.options

@@ -141,6 +141,7 @@ def test_upstream_option_reroutes_the_call(addon) -> None:
         ("forge_rotate_rows", "0"),
         ("forge_on_write_error", "ignore"),
         ("forge_min_free_bytes", "-1"),
+        ("stream_large_bodies", "1m"),
     ],
 )
 def test_bad_option_values_raise_options_error(addon, option: str, value: str) -> None:
