@@ -37,7 +37,7 @@ REQUIRED_FIGURES: dict[str, str] = {
     "proxy.throughput_ratio_vs_litellm_c64": "bench.bench_proxy has not run",
     "storage.ratio_vs_raw_100turn": "bench.bench_storage has not run (100 turns)",
     "pipeline.stitch_ratio_vs_scan_1m": "bench.bench_pipeline has not run at 1,000,000 calls",
-    "rollouts.per_minute": "no rollouts-per-minute benchmark exists yet",
+    "rollouts.per_minute": "bench.bench_rollouts has not run",
 }
 
 

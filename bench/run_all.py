@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import bench_pipeline, bench_proxy, bench_storage, results
+from bench import bench_pipeline, bench_proxy, bench_rollouts, bench_storage, results
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
     "proxy": lambda a: [
@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
         *(f"--skip={name}" for name in a.proxy_skip),
     ],
     "storage": lambda a: ["--turns", a.turns, "--seed", str(a.seed)],
+    # the size: 32 toy rollouts at parallelism 8 (quick: 8 at 4)
+    "rollouts": lambda a: [] if a.quick else ["--tasks", "8", "-n", "4", "--parallel", "8"],
     "pipeline": lambda a: [
         "--calls",
         str(a.calls),
@@ -39,6 +41,7 @@ _MAINS: dict[str, Callable[[list[str]], int]] = {
     "proxy": bench_proxy.main,
     "storage": bench_storage.main,
     "pipeline": bench_pipeline.main,
+    "rollouts": bench_rollouts.main,
 }
 
 
