@@ -18,6 +18,8 @@ COMMANDS = (
     "cmd_export",
     "cmd_reward",
     "cmd_eval",
+    "cmd_init_model",
+    "cmd_serve_policy",
 )
 
 
