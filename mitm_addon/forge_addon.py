@@ -36,7 +36,8 @@ from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.redact import proxy_auth_user, redact_headers, redact_query, scrub_body
 from mitm_addon.serve.handler import Answer as ServeAnswer
 from mitm_addon.serve.handler import Server as ServeServer
-from mitm_addon.serve.handler import parse_models
+from mitm_addon.serve.handler import answers_locally, parse_models
+from mitm_addon.serve.handler import error_answer as serve_error_answer
 from mitm_addon.serve.renderer import TemplateError
 from mitm_addon.writer import Writer
 
@@ -418,16 +419,9 @@ class ForgeAddon:
             if flow.response is None:
                 flow.metadata["forge_serve"] = True
             return True
-        local = server.answer_local(host, method, path, flow.request.content or b"")
-        if local is not None:
-            flow.response = _answer_response(local)
-        elif not server.models:
-            flow.response = _json_response(
-                404, {"error": f"{method} {path} is not answered in serve mode"}
-            )
-        else:
-            return False
-        self.writer.count_endpoint(host, method, path, flow.response.status_code)
+        if server.models and not answers_locally(method, path):
+            return False  # some models still use the provider: so do its other endpoints
+        flow.metadata["forge_serve_local"] = host  # answered by the async hook
         return True
 
     def _serve_server(self, config: cfg.Config) -> ServeServer | None:
@@ -657,20 +651,46 @@ class ServeHook:
         self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="forge-serve")
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        host = flow.metadata.pop("forge_serve_local", None)
+        if host is not None and self.server is not None:
+            loop = asyncio.get_running_loop()
+            local = await loop.run_in_executor(
+                self._pool,
+                self.server.answer_local,
+                host,
+                flow.request.method,
+                flow.request.path,
+                flow.request.get_content(strict=False) or b"",
+            )
+            flow.response = _answer_response(local)
+            if self.forge.writer is not None:
+                self.forge.writer.count_endpoint(
+                    host, flow.request.method, flow.request.path, local.status
+                )
+            return
         if not flow.metadata.pop("forge_serve", False):
             return
         server, capture = self.server, flow.metadata.get("forge_capture")
         if server is None or capture is None:
             return
         loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(
-            self._pool,
-            server.answer,
-            capture.call_id,
-            flow.request.method,
-            flow.request.path,
-            flow.request.get_content(strict=False) or b"",
-        )
+        try:
+            answer = await loop.run_in_executor(
+                self._pool,
+                server.answer,
+                capture.call_id,
+                flow.request.method,
+                flow.request.path,
+                flow.request.get_content(strict=False) or b"",
+            )
+        except Exception as e:  # a bug must not send the call on to the provider
+            log.exception("forge: serving %s failed", flow.request.path)
+            adapter = find_adapter(flow.request.method, flow.request.path)
+            answer = serve_error_answer(
+                adapter.api if adapter is not None else "openai_chat",
+                500,
+                f"Forge failed to serve this call: {type(e).__name__}: {e}",
+            )
         if answer.stream:
             capture.transport = "sse"
         if answer.tokens is not None:

@@ -77,6 +77,14 @@ def parse_models(value: str) -> tuple[str, ...]:
     return () if names in ((), ("all",)) else names
 
 
+def answers_locally(method: str, path: str) -> bool:
+    """The provider endpoints serve mode answers itself: model lists, token counting."""
+    route = path.split("?", 1)[0].rstrip("/")
+    return (method == "GET" and route.endswith("/v1/models")) or (
+        method == "POST" and route.endswith("/v1/messages/count_tokens")
+    )
+
+
 def _json(value: Any) -> Answer:
     return Answer(200, "application/json", json.dumps(value).encode())
 
@@ -170,12 +178,23 @@ class Server:
 
     # -- the provider's other endpoints -----------------------------------------------------
 
-    def answer_local(self, host: str, method: str, path: str, raw: bytes) -> Answer | None:
-        """Model lists and token counts, answered from the policy; None for other paths."""
+    def answer_local(self, host: str, method: str, path: str, raw: bytes) -> Answer:
+        """Model lists and token counts, answered from the policy; 404 for other paths."""
         route = path.split("?", 1)[0].rstrip("/")
         anthropic = "anthropic" in host
+        if not answers_locally(method, path):
+            return error_answer(
+                "anthropic_messages" if anthropic else "openai_chat",
+                404,
+                f"{method} {route} is not answered in serve mode",
+            )
         if method == "GET" and route.endswith("/v1/models"):
-            names = [m for m in self.models if "*" not in m] or [self.client.model()[0]]
+            try:
+                names = [m for m in self.models if "*" not in m] or [self.client.model()[0]]
+            except PolicyError as e:
+                return error_answer(
+                    "anthropic_messages" if anthropic else "openai_chat", 503, str(e)
+                )
             if anthropic:
                 data = [
                     {
@@ -199,12 +218,10 @@ class Server:
                     ],
                 }
             )
-        if method == "POST" and route.endswith("/v1/messages/count_tokens"):
-            try:
-                body = json.loads(raw)
-                conv = from_request("POST", "/v1/messages", dict(body, max_tokens=1))
-                count = self.renderer.count(conv.messages, conv.tools)
-            except (ConversionError, TemplateError, ValueError, TypeError) as e:
-                return error_answer("anthropic_messages", 400, str(e))
-            return _json({"input_tokens": count})
-        return None
+        try:  # POST .../v1/messages/count_tokens
+            body = json.loads(raw)
+            conv = from_request("POST", "/v1/messages", dict(body, max_tokens=1))
+            count = self.renderer.count(conv.messages, conv.tools)
+        except (ConversionError, TemplateError, ValueError, TypeError) as e:
+            return error_answer("anthropic_messages", 400, str(e))
+        return _json({"input_tokens": count})
