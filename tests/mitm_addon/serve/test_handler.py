@@ -123,3 +123,25 @@ def test_token_counts_and_model_lists_are_answered_locally(
     assert json.loads(listed.body)["data"][0]["object"] == "model"
     other = server.answer_local("api.openai.com", "GET", "/v1/organization/usage", b"")
     assert other.status == 404 and "not answered in serve mode" in other.body.decode()
+
+
+def test_recorded_logprobs_of_a_random_policy_equal_a_forward_pass(
+    tiny_models: tuple[Path, Path],
+) -> None:
+    """fp32 on CPU: the logprobs stored with a call are the ones a trainer recomputes."""
+    with policy_server(tiny_models[0]) as policy:
+        server = Server(policy.base_url, tiny_models[0])
+        body = {
+            "model": "gpt-4.1",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "say something"}],
+        }
+        answer = server.answer("r1", "POST", "/v1/chat/completions", json.dumps(body).encode())
+        assert answer.status == 200 and answer.tokens is not None
+        t = answer.tokens
+        assert len(t.completion_ids) == 16 and t.finish_reason == "length"
+        recomputed = logprobs_of(policy.service.engine.model, t.prompt_ids, t.completion_ids)
+    assert t.completion_logprobs is not None
+    diffs = [abs(a - b) for a, b in zip(recomputed.tolist(), t.completion_logprobs, strict=True)]
+    assert max(diffs) <= 1e-4
+    assert json.loads(answer.body)["choices"][0]["finish_reason"] == "length"
