@@ -107,3 +107,26 @@ def test_bad_completion_requests_get_a_clear_400(server: Any) -> None:
     ]:
         status, out, _ = call(server.base_url, "POST", "/v1/completions", body)
         assert status == 400 and words in out["error"]["message"], out
+
+
+def test_concurrent_requests_are_queued_not_interleaved(server: Any) -> None:
+    """Seeded completions sent at once equal the same completions sent one by one."""
+    bodies = [
+        {"prompt": PROMPT, "max_tokens": 6, "seed": s, "return_token_ids": True} for s in range(4)
+    ]
+    alone = [call(server.base_url, "POST", "/v1/completions", b)[1] for b in bodies]
+    together: dict[int, Any] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i, b=b: together.__setitem__(
+                i, call(server.base_url, "POST", "/v1/completions", b)[1]
+            )
+        )
+        for i, b in enumerate(bodies)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, single in enumerate(alone):
+        assert together[i]["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
