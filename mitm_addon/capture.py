@@ -44,6 +44,15 @@ class Capture:
     pid: int | None = None
     parent_pids: list[int] = field(default_factory=list)
     process_name: str | None = None
+    # Serve mode: the tokens of a call the policy answered (see mitm_addon.serve.handler).
+    policy_version: int | None = None
+    drift: str | None = None
+    prompt_ids: list[int] | None = None
+    prompt_parent_call_id: str | None = None
+    completion_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # the whole prompt's length (prompt_ids may be a delta)
 
     _BLOBS = ("request_body", "response_body")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 DEFAULT_HOSTS = ("api.anthropic.com", "api.openai.com", "chatgpt.com")
-MODES = ("record",)
+MODES = ("record", "serve")
 OTHER_HOSTS = ("pass", "404")
 ON_WRITE_ERROR = ("fail", "refuse", "warn")
 
@@ -53,6 +53,21 @@ class Config:
     min_free_bytes: int = 64 * 1024 * 1024
     process_lookup: bool = True
     refuse_websocket: bool = False
+    # Serve mode: the policy server's base URL, the policy's tokenizer folder, and the
+    # requested models it answers (empty: all).
+    policy_url: str | None = None
+    tokenizer_dir: Path | None = None
+    serve_models: tuple[str, ...] = ()
+
+
+def parse_policy_url(value: str) -> str:
+    """``forge_policy``: the policy server's base URL (vLLM or ``forge serve-policy``)."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"forge_policy: {value!r} is not an http:// URL (e.g. http://127.0.0.1:8000)"
+        )
+    return value.strip().rstrip("/").removesuffix("/v1")
 
 
 def parse_hosts(value: str) -> frozenset[str]:

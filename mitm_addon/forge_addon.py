@@ -8,6 +8,7 @@ Responses are teed, never buffered: the harness gets each chunk when upstream se
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import logging
@@ -33,6 +34,11 @@ from mitm_addon.capture import Capture
 from mitm_addon.ids import new_id
 from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.redact import proxy_auth_user, redact_headers, redact_query, scrub_body
+from mitm_addon.serve.handler import Answer as ServeAnswer
+from mitm_addon.serve.handler import Server as ServeServer
+from mitm_addon.serve.handler import answers_locally, parse_models
+from mitm_addon.serve.handler import error_answer as serve_error_answer
+from mitm_addon.serve.renderer import TemplateError
 from mitm_addon.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -88,6 +94,10 @@ class ForgeAddon:
         self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
         self._lookups = ProcessLookups(os.getpid())
         self._local_addresses = local_addresses()
+        # Serve mode answers model calls in an async hook of its own (a child addon, so it
+        # runs after this addon's request hook has opened the call's record).
+        self.serve = ServeHook(self)
+        self.addons = [self.serve]
 
     # -- options -------------------------------------------------------------------------
 
@@ -103,7 +113,30 @@ class ForgeAddon:
             "forge_mode",
             str,
             "record",
-            "record: pass calls through to the provider and record them.",
+            "record: pass calls through to the provider and record them. serve: answer them "
+            "from the policy server (forge_policy) and record them with their token ids; no "
+            "provider is contacted for the models it serves.",
+        )
+        loader.add_option(
+            "forge_policy",
+            str,
+            "",
+            "Serve mode: base URL of the policy server (vLLM or forge serve-policy), e.g. "
+            "http://127.0.0.1:8000 .",
+        )
+        loader.add_option(
+            "forge_tokenizer",
+            str,
+            "",
+            "Serve mode: folder of the policy's tokenizer and chat template (its model folder).",
+        )
+        loader.add_option(
+            "forge_serve_models",
+            str,
+            "all",
+            "Serve mode: the requested models the policy answers, comma-separated names or "
+            "globs (claude-*), or all. Calls for other models go to their provider and are "
+            "recorded as in record mode.",
         )
         loader.add_option(
             "forge_rollout",
@@ -238,11 +271,18 @@ class ForgeAddon:
                 ),
                 process_lookup=o.forge_process_lookup,
                 refuse_websocket=o.forge_refuse_websocket,
+                policy_url=cfg.parse_policy_url(o.forge_policy) if o.forge_policy else None,
+                tokenizer_dir=Path(o.forge_tokenizer).expanduser().resolve()
+                if o.forge_tokenizer
+                else None,
+                serve_models=parse_models(o.forge_serve_models),
             )
             if out is not None:
                 _check_writable(out)
+            server = self._serve_server(new)
         except cfg.ConfigError as e:
             raise exceptions.OptionsError(str(e)) from e
+        self.serve.server = server
         old_dir = self.config.out_dir if self.config else None
         self.config = new
         self.config_error = None if new.out_dir else "forge_dir is not set: add --set forge_dir=DIR"
@@ -331,6 +371,8 @@ class ForgeAddon:
             return
         method, path = flow.request.method, flow.request.path
         upgrade = flow.request.headers.get("upgrade", "").lower() == "websocket"
+        if self.serve.server is not None and self._route_serve(flow, host, upgrade):
+            return
         if upgrade and openai_responses.matches_websocket(path):
             if config.refuse_websocket:
                 flow.response = _json_response(
@@ -350,8 +392,8 @@ class ForgeAddon:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         capture: Capture | None = flow.metadata.get("forge_capture")
-        if capture is None or flow.response is None:
-            return
+        if capture is None or flow.response is None or flow.metadata.get("forge_served"):
+            return  # served calls are answered whole: nothing to tee
         if "text/event-stream" in flow.response.headers.get("content-type", ""):
             capture.transport = "sse"
         assert self.config is not None
@@ -374,6 +416,50 @@ class ForgeAddon:
                 # Without a response mitmproxy would answer 502 itself; the harness must see
                 # what it sees without the proxy: a dropped connection.
                 flow.kill()
+
+    def _route_serve(self, flow: http.HTTPFlow, host: str, upgrade: bool) -> bool:
+        """Serve mode: True when the request is answered here (by the policy, or locally)."""
+        server = self.serve.server
+        assert server is not None and self.config is not None and self.writer is not None
+        method, path = flow.request.method, flow.request.path
+        if upgrade:
+            # mitmproxy cannot hold a WebSocket without an upstream to relay; Codex falls
+            # back to HTTP + SSE on a 426, which serve mode answers.
+            flow.response = _json_response(
+                426, {"error": "Forge serve mode answers the Responses API over HTTP; use SSE"}
+            )
+            return True
+        if find_adapter(method, path) is not None:
+            if not server.serves(_requested_model(flow, self.config.max_body_bytes)):
+                return False  # another model's call: to its provider, recorded
+            self._begin(flow, host)
+            if flow.response is None:
+                flow.metadata["forge_serve"] = True
+            return True
+        if server.models and not answers_locally(method, path):
+            return False  # some models still use the provider: so do its other endpoints
+        flow.metadata["forge_serve_local"] = host  # answered by the async hook
+        return True
+
+    def _serve_server(self, config: cfg.Config) -> ServeServer | None:
+        """The serve-mode server for a new configuration (kept when nothing it uses changed)."""
+        if config.mode != "serve":
+            return None
+        if not config.policy_url or config.tokenizer_dir is None:
+            raise cfg.ConfigError(
+                "forge_mode=serve needs forge_policy (the policy server's URL) and "
+                "forge_tokenizer (the policy's model folder)"
+            )
+        old = self.serve.server
+        key = (config.policy_url, config.tokenizer_dir, config.serve_models)
+        if old is not None and self.serve.key == key:
+            return old
+        try:
+            server = ServeServer(config.policy_url, config.tokenizer_dir, config.serve_models)
+        except (TemplateError, ValueError) as e:
+            raise cfg.ConfigError(str(e)) from e
+        self.serve.key = key
+        return server
 
     # -- WebSocket (Responses API, as Codex CLI speaks it) --------------------------------
 
@@ -569,6 +655,99 @@ class ForgeAddon:
         capture: Capture | None = flow.metadata.get("forge_capture")
         if capture is not None:
             capture.upstream_url = upstream.base_url
+
+
+class ServeHook:
+    """Serve mode's async request hook: the policy answers on a worker thread, so
+    mitmproxy's event loop keeps relaying other flows while a completion is sampled."""
+
+    def __init__(self, forge: ForgeAddon) -> None:
+        self.forge = forge
+        self.server: ServeServer | None = None
+        self.key: tuple[Any, ...] | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="forge-serve")
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        host = flow.metadata.pop("forge_serve_local", None)
+        if host is not None and self.server is not None:
+            loop = asyncio.get_running_loop()
+            local = await loop.run_in_executor(
+                self._pool,
+                self.server.answer_local,
+                host,
+                flow.request.method,
+                flow.request.path,
+                flow.request.get_content(strict=False) or b"",
+            )
+            flow.response = _answer_response(local)
+            if self.forge.writer is not None:
+                self.forge.writer.count_endpoint(
+                    host, flow.request.method, flow.request.path, local.status
+                )
+            return
+        if not flow.metadata.pop("forge_serve", False):
+            return
+        server, capture = self.server, flow.metadata.get("forge_capture")
+        if server is None or capture is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await loop.run_in_executor(
+                self._pool,
+                server.answer,
+                capture.call_id,
+                flow.request.method,
+                flow.request.path,
+                flow.request.get_content(strict=False) or b"",
+            )
+        except Exception as e:  # a bug must not send the call on to the provider
+            log.exception("forge: serving %s failed", flow.request.path)
+            adapter = find_adapter(flow.request.method, flow.request.path)
+            answer = serve_error_answer(
+                adapter.api if adapter is not None else "openai_chat",
+                500,
+                f"Forge failed to serve this call: {type(e).__name__}: {e}",
+            )
+        if answer.stream:
+            capture.transport = "sse"
+        if answer.tokens is not None:
+            t = answer.tokens
+            capture.policy_version, capture.drift = t.policy_version, t.drift
+            capture.prompt_ids, capture.prompt_parent_call_id = (
+                t.prompt_ids,
+                t.prompt_parent_call_id,
+            )
+            capture.completion_ids, capture.completion_logprobs = (
+                t.completion_ids,
+                t.completion_logprobs,
+            )
+            capture.finish_reason, capture.prompt_tokens = t.finish_reason, t.prompt_tokens
+            capture.upstream_url = server.client.base_url
+        flow.metadata["forge_served"] = True
+        flow.response = _answer_response(answer)
+
+    def done(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _answer_response(answer: ServeAnswer) -> http.Response:
+    headers = {"content-type": answer.content_type, **answer.headers}
+    if answer.stream:
+        headers["cache-control"] = "no-cache"
+    return http.Response.make(answer.status, answer.body, headers)
+
+
+def _requested_model(flow: http.HTTPFlow, limit: int) -> str | None:
+    """The model a model call names in its JSON body (None when it names none)."""
+    try:
+        raw = decode_body(
+            flow.request.raw_content or b"", flow.request.headers.get("content-encoding"), limit
+        )
+        body = json.loads(raw)
+    except (BodyError, ValueError, RecursionError):
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def local_addresses() -> frozenset[str]:

@@ -248,6 +248,13 @@ def _base_row(capture: Capture) -> dict[str, Any]:
         response_bytes=capture.response_wire_bytes or len(capture.response_body),
         response_headers=capture.response_headers or None,
         stream_events=capture.stream_events,
+        policy_version=capture.policy_version,
+        drift=capture.drift,
+        prompt_ids=capture.prompt_ids,
+        prompt_parent_call_id=capture.prompt_parent_call_id,
+        completion_ids=capture.completion_ids,
+        completion_logprobs=capture.completion_logprobs,
+        finish_reason=capture.finish_reason,
     )
     for header, column in HARNESS_HEADERS.items():
         row[column] = capture.request_headers.get(header)
@@ -318,7 +325,14 @@ def _build_rows(
     if capture.response_truncated:
         errors.append("response: larger than forge_max_body_bytes, not kept whole")
 
-    if response is not None:
+    if capture.completion_ids is not None and capture.prompt_tokens is not None:
+        # Served by the policy: the exact counts, whatever the reply's shape reports.
+        row.update(
+            input_tokens=capture.prompt_tokens,
+            output_tokens=len(capture.completion_ids),
+            usage_estimated=False,
+        )
+    elif response is not None:
         usage = response.usage
         if usage is not None:
             row.update(

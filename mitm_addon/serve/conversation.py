@@ -1,0 +1,115 @@
+"""API requests as chat-template conversations (pure).
+
+The provider adapters split a request into its items and parameters; the SFT export's
+converters (``pipeline.export.to_openai``) turn those into OpenAI chat messages and
+function tools, the form Hugging Face chat templates take. Serve mode uses the same
+conversion, so what the policy saw and what an SFT export holds cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitm_addon.protocols import find_adapter
+from mitm_addon.protocols.base import ParseError
+from pipeline.export import to_openai
+
+
+class ConversionError(ValueError):
+    """A request Forge cannot turn into a conversation; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One request, API-neutral: what the template renders and how to sample."""
+
+    api: str
+    model: str | None
+    stream: bool
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    previous_response_id: str | None = None
+
+
+# Body keys that bound the completion's length, per API (the first one present wins).
+_MAX_TOKENS = {
+    "anthropic_messages": ("max_tokens",),
+    "openai_chat": ("max_completion_tokens", "max_tokens"),
+    "openai_responses": ("max_output_tokens",),
+}
+
+
+def _number(params: dict[str, Any], key: str) -> float | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConversionError(f"{key!r} is not a number")
+    return float(value)
+
+
+def _max_tokens(api: str, params: dict[str, Any]) -> int | None:
+    for key in _MAX_TOKENS[api]:
+        value = params.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConversionError(f"{key!r} is not a positive integer")
+        return value
+    return None
+
+
+def _clean(message: dict[str, Any]) -> dict[str, Any]:
+    """A converted message without the null fields templates would print as 'None'."""
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def from_request(
+    method: str,
+    path: str,
+    body: dict[str, Any],
+    history: list[dict[str, Any]] | None = None,
+) -> Conversation:
+    """The conversation of one model call. ``history``: the messages (request and reply)
+    of the response a Responses call names in ``previous_response_id``."""
+    adapter = find_adapter(method, path)
+    if adapter is None:
+        raise ConversionError(f"{method} {path} is not a model call Forge can serve")
+    try:
+        parsed = adapter.parse_request(body)
+        messages, tools = to_openai(adapter.api, parsed.params, parsed.items)
+    except (ParseError, ValueError, TypeError, AttributeError) as e:
+        raise ConversionError(f"{adapter.api}: {e}") from e
+    messages = [_clean(m) for m in messages]
+    if parsed.previous_response_id is not None:
+        if history is None:
+            raise ConversionError(
+                f"previous_response_id {parsed.previous_response_id!r} is unknown to this "
+                "proxy (it keeps the responses it served since it started); send the whole "
+                "input instead"
+            )
+        system = [m for m in messages if m["role"] == "system"][:1] or [
+            m for m in history if m["role"] == "system"
+        ][:1]
+        messages = (
+            system
+            + [m for m in history if m["role"] != "system"]
+            + [m for m in messages if m["role"] != "system"]
+        )
+    if not messages:
+        raise ConversionError(f"{adapter.api}: the request holds no message")
+    return Conversation(
+        api=adapter.api,
+        model=parsed.model,
+        stream=parsed.stream,
+        messages=messages,
+        tools=tools,
+        max_tokens=_max_tokens(adapter.api, parsed.params),
+        temperature=_number(parsed.params, "temperature"),
+        top_p=_number(parsed.params, "top_p"),
+        previous_response_id=parsed.previous_response_id,
+    )

@@ -1,0 +1,138 @@
+"""Client of the policy server: vLLM's ``/v1/completions`` with a prompt of token ids.
+
+The same client talks to ``vllm serve`` and to ``forge serve-policy``: it asks for the
+sampled token ids (``return_token_ids``) and their logprobs (``logprobs``, tokens as
+``token_id:ID``), and reads the policy version where the server reports one (Forge's
+server does; for vLLM it is the version set with ``forge_policy_version``). Blocking:
+the addon calls it from a worker thread, never on mitmproxy's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+class PolicyError(RuntimeError):
+    """The policy server failed or answered out of shape; ``status`` is what the harness
+    is told (429 keeps its ``retry_after``, so SDKs back off and retry)."""
+
+    def __init__(self, message: str, status: int = 502, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+    policy_version: int | None
+    prompt_ids: list[int] | None  # as the server echoed them
+
+
+def parse_completion(body: Any) -> PolicyOutput:
+    """A ``/v1/completions`` response (vLLM's shape) as token ids and logprobs."""
+    try:
+        choice = body["choices"][0]
+        ids = choice["token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise TypeError("token_ids is not a list of ints")
+        logprobs = None
+        if isinstance(choice.get("logprobs"), dict):
+            values = choice["logprobs"].get("token_logprobs")
+            if isinstance(values, list) and len(values) == len(ids):
+                logprobs = [float(v) for v in values]
+        finish = choice.get("finish_reason")
+        version = body.get("policy_version")
+        prompt = choice.get("prompt_token_ids")
+        return PolicyOutput(
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish if isinstance(finish, str) else "stop",
+            policy_version=version if isinstance(version, int) else None,
+            prompt_ids=prompt if isinstance(prompt, list) else None,
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise PolicyError(f"the policy server's completion is out of shape: {e}") from e
+
+
+class PolicyClient:
+    def __init__(
+        self, base_url: str, timeout_s: float = 600.0, policy_version: int | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.policy_version = policy_version
+        self._model: str | None = None
+        self._max_model_len: int | None = None
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:2000].decode("utf-8", "replace")
+            status = 429 if e.code == 429 else (400 if e.code == 400 else 502)
+            raise PolicyError(
+                f"the policy server answered {e.code} to {path}: {detail}",
+                status,
+                e.headers.get("retry-after"),
+            ) from e
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise PolicyError(f"the policy server at {self.base_url} failed: {e}", 503) from e
+
+    def model(self) -> tuple[str, int | None]:
+        """(served model id, max_model_len) from ``/v1/models``, asked once."""
+        with self._lock:
+            if self._model is None:
+                data = self._call("GET", "/v1/models")
+                try:
+                    card = data["data"][0]
+                    self._model = str(card["id"])
+                except (KeyError, IndexError, TypeError) as e:
+                    raise PolicyError("the policy server's /v1/models lists no model") from e
+                limit = card.get("max_model_len")
+                self._max_model_len = limit if isinstance(limit, int) else None
+            return self._model, self._max_model_len
+
+    def complete(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> PolicyOutput:
+        model, _ = self.model()
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if temperature is not None:
+            body["temperature"] = temperature
+        if top_p is not None:
+            body["top_p"] = top_p
+        out = parse_completion(self._call("POST", "/v1/completions", body))
+        if out.policy_version is None and self.policy_version is not None:
+            out = PolicyOutput(
+                out.token_ids, out.logprobs, out.finish_reason, self.policy_version, out.prompt_ids
+            )
+        return out

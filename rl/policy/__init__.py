@@ -1,0 +1,1 @@
+"""The policy server: token-in, token-out generation and its HTTP API."""

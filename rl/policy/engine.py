@@ -1,0 +1,177 @@
+"""Token-in, token-out generation with transformers, one request at a time.
+
+``Engine.generate`` samples a completion for a prompt given as token ids and records,
+for each sampled token, its logprob under the model's raw distribution
+(``log_softmax(logits)``, before temperature and top-p: the quantity a trainer
+recomputes, and what vLLM returns by default). ``logprobs_of`` is that recomputation:
+one forward pass over prompt + completion.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class EngineError(ValueError):
+    """A request the engine cannot run; the message says why (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop (end of turn or a stop token) or length
+    stop_reason: int | None  # the stop token that ended it, when not an end-of-turn token
+    policy_version: int
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+def logprobs_of(model: Any, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
+    """Logprobs of ``completion_ids`` after ``prompt_ids``, by one forward pass.
+
+    Returns a float32 tensor of shape (len(completion_ids),).
+    """
+    ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long)  # (1, T)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # (T, V)
+    start = len(prompt_ids) - 1
+    scores = torch.log_softmax(logits[start : start + len(completion_ids)], dim=-1)  # (C, V)
+    return scores.gather(1, torch.tensor(completion_ids).unsqueeze(1)).squeeze(1)  # (C,)
+
+
+def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to one row of logits (V,)."""
+    scaled = logits / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=True)
+        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        drop = cumulative - torch.softmax(ordered, dim=-1) > params.top_p  # keep the first over
+        scaled = scaled.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+    return scaled
+
+
+class Engine:
+    """A causal LM on CPU (or one GPU) in float32, with a version number for its weights."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu", version: int = 0) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.model_dir = model_dir
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.to(self.device).eval()
+        eos: Any = None
+        try:
+            eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+        except OSError:
+            eos = self.model.config.eos_token_id
+        self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.version = version
+        self._lock = threading.Lock()  # one generation or weight swap at a time
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise EngineError("the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise EngineError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise EngineError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the "
+                f"prompt has {len(prompt_ids)} and max_tokens asks for {params.max_tokens}"
+            )
+        with self._lock, torch.no_grad():
+            return self._generate(prompt_ids, params)
+
+    def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        generator = torch.Generator(device="cpu")
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # (1, T)
+        out = self.model(input_ids=ids, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float().cpu()  # (V,)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        finish, stop_reason = "length", None
+        for _ in range(params.max_tokens):
+            scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
+            if params.temperature <= 0:
+                token = int(torch.argmax(logits))
+            else:
+                probs = torch.softmax(_filter(logits, params), dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            tokens.append(token)
+            logprobs.append(float(scores[token]))
+            if params.top_logprobs > 0:
+                best = torch.topk(scores, params.top_logprobs)
+                tops.append(list(zip(best.indices.tolist(), best.values.tolist(), strict=True)))
+            if token in self.eos_ids and not params.ignore_eos:
+                finish = "stop"
+                break
+            if token in params.stop_token_ids:
+                finish, stop_reason = "stop", token
+                break
+            step = torch.tensor([[token]], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float().cpu()
+        return Generation(tokens, logprobs, finish, stop_reason, self.version, tops)
+
+    def load_weights(self, path: Path, version: int) -> None:
+        """Replace the weights with those saved in ``path`` (same architecture), after the
+        generation in progress; raises EngineError when they do not fit."""
+        from safetensors.torch import load_file
+
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise EngineError(f"no .safetensors weights at {path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        with self._lock:
+            own = self.model.state_dict()
+            missing = [k for k in own if k not in state and not _tied(self.model, k)]
+            unknown = [k for k in state if k not in own]
+            if missing or unknown:
+                raise EngineError(
+                    f"weights at {path} do not fit this model (missing {missing[:3]}, "
+                    f"unknown {unknown[:3]})"
+                )
+            for name, tensor in state.items():
+                if own[name].shape != tensor.shape:
+                    raise EngineError(
+                        f"{name}: shape {tuple(tensor.shape)} != {tuple(own[name].shape)}"
+                    )
+            self.model.load_state_dict(state, strict=False)
+            if getattr(self.model.config, "tie_word_embeddings", False):
+                self.model.tie_weights()
+            self.version = version
+
+
+def _tied(model: Any, key: str) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and key == "lm_head.weight"

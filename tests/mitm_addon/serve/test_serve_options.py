@@ -1,0 +1,73 @@
+"""forge_mode=serve's options, parsed in configure: bad values are OptionsErrors, and a
+served model call is held for the async hook instead of going to its provider."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mitmproxy import exceptions
+
+from mitm_addon.forge_addon import ForgeAddon
+from rl.tiny_model import qwen3_tokenizer_dir
+from tests.mitm_addon.test_forge_addon import addon_context, llm_flow
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"forge_mode": "serve"}, "needs forge_policy"),
+        ({"forge_mode": "serve", "forge_policy": "ftp://x", "forge_tokenizer": "/"}, "http://"),
+        (
+            {
+                "forge_mode": "serve",
+                "forge_policy": "http://127.0.0.1:9",
+                "forge_tokenizer": "/nope",
+            },
+            "no tokenizer_config.json",
+        ),
+    ],
+)
+def test_bad_serve_settings_raise_options_error(
+    tmp_path: Path, settings: dict[str, str], words: str
+) -> None:
+    a = ForgeAddon()
+    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match=words):
+        tctx.configure(a, forge_dir=str(tmp_path / "run"), **settings)
+
+
+def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
+    tmp_path: Path,
+) -> None:
+    a = ForgeAddon()
+    with addon_context(a) as tctx:
+        tctx.configure(
+            a,
+            forge_dir=str(tmp_path / "run"),
+            forge_process_lookup=False,
+            forge_mode="serve",
+            forge_policy="http://127.0.0.1:9/v1",
+            forge_tokenizer=str(qwen3_tokenizer_dir()),
+            forge_serve_models="claude-*",
+        )
+        a.running()
+        assert a.serve.server is not None and a.serve.server.client.base_url == "http://127.0.0.1:9"
+        body = {
+            "model": "claude-x",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        served = llm_flow("api.anthropic.com", "/v1/messages", json.dumps(body).encode())
+        a.request(served)
+        assert served.metadata.get("forge_serve") is True and served.response is None
+        other = llm_flow(
+            "api.anthropic.com", "/v1/messages", json.dumps(dict(body, model="gpt-x")).encode()
+        )
+        a.request(other)
+        assert "forge_serve" not in other.metadata and "forge_capture" in other.metadata
+        ws = llm_flow("chatgpt.com", "/backend-api/codex/responses", b"")
+        ws.request.method = "GET"
+        ws.request.headers["upgrade"] = "websocket"
+        a.request(ws)
+        assert ws.response is not None and ws.response.status_code == 426

@@ -1,0 +1,132 @@
+"""``forge serve-policy`` over real HTTP: vLLM's completion shape, pause / resume with
+429 and Retry-After, weights loaded with a version number."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.policy import policy_server
+
+PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]
+
+
+def call(base: str, method: str, path: str, body: Any = None) -> tuple[int, Any, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None, r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: tuple[Path, Path]) -> Iterator[Any]:
+    with policy_server(tiny_models[0], pause_wait_s=0.3) as s:
+        yield s
+
+
+def test_completion_returns_token_ids_and_logprobs_in_vllms_shape(server: Any) -> None:
+    status, models, _ = call(server.base_url, "GET", "/v1/models")
+    model = models["data"][0]["id"]
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "seed": 1,
+    }
+    status, out, _ = call(server.base_url, "POST", "/v1/completions", body)
+    assert status == 200 and out["object"] == "text_completion"
+    choice = out["choices"][0]
+    assert choice["prompt_token_ids"] == PROMPT and len(choice["token_ids"]) == 5
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert len(choice["logprobs"]["token_logprobs"]) == 5 and choice["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}
+    assert call(server.base_url, "GET", "/health")[0] == 200
+
+
+def test_paused_server_answers_429_with_retry_after_then_serves_after_resume(server: Any) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    assert call(server.base_url, "POST", "/pause", {})[1] == {"paused": True}
+    try:
+        status, out, headers = call(server.base_url, "POST", "/v1/completions", body)
+        assert status == 429 and headers["retry-after"] == "1"
+        # A call that arrives while paused waits (bounded) and runs once resumed.
+        results: list[int] = []
+        waiter = threading.Thread(
+            target=lambda: results.append(call(server.base_url, "POST", "/v1/completions", body)[0])
+        )
+        server.service.settings.pause_wait_s = 30.0
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and results == []
+    finally:
+        call(server.base_url, "POST", "/resume", {})
+        server.service.settings.pause_wait_s = 0.3
+    waiter.join(60)
+    assert results == [200]
+
+
+def test_loaded_weights_carry_their_version_into_every_completion(
+    server: Any, tiny_models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    status, out, _ = call(
+        server.base_url, "POST", "/load_weights", {"path": str(tiny_models[0]), "version": 7}
+    )
+    assert status == 200 and out == {"policy_version": 7}
+    out = call(server.base_url, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})[1]
+    assert out["policy_version"] == 7
+    assert call(server.base_url, "GET", "/v1/models")[1]["data"][0]["policy_version"] == 7
+    # A folder without weights is refused; the served version stays.
+    status, out, _ = call(
+        server.base_url, "POST", "/load_weights", {"path": str(tmp_path), "version": 8}
+    )
+    assert status == 400 and "no .safetensors" in out["error"]["message"]
+    assert call(server.base_url, "GET", "/v1/models")[1]["data"][0]["policy_version"] == 7
+
+
+def test_bad_completion_requests_get_a_clear_400(server: Any) -> None:
+    for body, words in [
+        ({"prompt": [], "max_tokens": 1}, "non-empty list"),
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+        ({"prompt": PROMPT, "stream": True}, "stream"),
+        ({"prompt": [10**9]}, "token ids must lie"),
+    ]:
+        status, out, _ = call(server.base_url, "POST", "/v1/completions", body)
+        assert status == 400 and words in out["error"]["message"], out
+
+
+def test_concurrent_requests_are_queued_not_interleaved(server: Any) -> None:
+    """Seeded completions sent at once equal the same completions sent one by one."""
+    bodies = [
+        {"prompt": PROMPT, "max_tokens": 6, "seed": s, "return_token_ids": True} for s in range(4)
+    ]
+    alone = [call(server.base_url, "POST", "/v1/completions", b)[1] for b in bodies]
+    together: dict[int, Any] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i, b=b: together.__setitem__(
+                i, call(server.base_url, "POST", "/v1/completions", b)[1]
+            )
+        )
+        for i, b in enumerate(bodies)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, single in enumerate(alone):
+        assert together[i]["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
