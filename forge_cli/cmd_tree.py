@@ -204,8 +204,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     con = connect(data, stitched=True)
     rollout = args.rollout
+    rows = _rollouts(con)  # listed before load_nodes narrows the connection to one rollout
     if rollout is None:
-        rows = _rollouts(con)
         if len(rows) != 1:
             print(
                 f"forge tree: {data} holds {len(rows)} rollouts; pick one with --rollout:\n"
@@ -216,7 +216,6 @@ def run(args: argparse.Namespace) -> int:
         rollout = rows[0][0]
     nodes = load_nodes(con, rollout)
     if not nodes:
-        rows = _rollouts(con)
         print(
             f"forge tree: no calls of rollout {rollout!r} in {data}; rollouts there:\n"
             + _list_rollouts(rows),
