@@ -51,28 +51,39 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--cpu", default=K8sSettings.cpu, help="CPU request per pod (default 4)")
     r.add_argument("--memory", default=K8sSettings.memory, help="memory per pod (default 4Gi)")
     r.add_argument("--ttl", type=int, default=K8sSettings.ttl_s, help="seconds finished Jobs stay")
-    r.add_argument("--harness-config", default=None, help="harness config path inside the image")
+    r.add_argument(
+        "--harness-config",
+        dest="k8s_harness_config",
+        default=None,
+        help="harness config path inside the image",
+    )
     r.set_defaults(func=run_render)
 
 
-def run_render(args: argparse.Namespace) -> int:
-    settings = K8sSettings(
+def settings_from_args(args: argparse.Namespace, run_name: str) -> K8sSettings:
+    """The Jobs' settings from ``forge k8s render``'s or ``forge rollout --backend k8s``'s
+    options (the pod's resources, TTL and in-image harness config only ``render`` sets)."""
+    return K8sSettings(
         image=args.image,
         namespace=args.namespace,
         harness=args.harness,
         n=args.n,
         model=args.model,
         policy_version=args.policy_version,
-        run_name=args.run_name,
+        run_name=run_name,
         ca_secret=args.ca_secret,
         runs_pvc=args.runs_pvc,
         transparent=args.transparent,
         upstreams=list(args.upstream),
-        cpu=args.cpu,
-        memory=args.memory,
-        ttl_s=args.ttl,
-        harness_config=args.harness_config,
+        cpu=getattr(args, "cpu", K8sSettings.cpu),
+        memory=getattr(args, "memory", K8sSettings.memory),
+        ttl_s=getattr(args, "ttl", K8sSettings.ttl_s),
+        harness_config=getattr(args, "k8s_harness_config", None),
     )
+
+
+def run_render(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args, args.run_name)
     from k8s_jobs.k8s import write_manifests  # the kubernetes client: only when rendering
 
     paths = write_manifests(load_tasks(args.tasks), settings, args.out)

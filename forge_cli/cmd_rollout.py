@@ -214,21 +214,10 @@ def run_k8s(
     args: argparse.Namespace, tasks: list[Any], out: Path, printer: _ProgressPrinter
 ) -> int:
     """--backend k8s: a Job per rollout through the API server (k8s_jobs.launcher)."""
+    from forge_cli.cmd_k8s import settings_from_args
     from k8s_jobs.launcher import LaunchOptions, launch_jobs
 
-    settings = K8sSettings(
-        image=args.image,
-        namespace=args.namespace,
-        harness=args.harness,
-        n=args.n,
-        model=args.model,
-        policy_version=args.policy_version,
-        run_name=args.run_name or out.name,
-        ca_secret=args.ca_secret,
-        runs_pvc=args.runs_pvc,
-        transparent=args.transparent,
-        upstreams=list(args.upstream),
-    )
+    settings = settings_from_args(args, args.run_name or out.name)
     options = LaunchOptions(
         settings=settings,
         parallel=args.parallel,

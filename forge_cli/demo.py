@@ -65,7 +65,9 @@ class ScriptedExpert:
 def forge(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
     """Run a forge command the way a user would, echoing it."""
     print(f"\n$ forge {' '.join(args)}", flush=True)
-    done = subprocess.run([sys.executable, "-m", "forge_cli.main", *args], cwd=cwd, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "forge_cli.main", *args], cwd=cwd, env=env, timeout=300
+    )
     if done.returncode != 0:
         raise SystemExit(f"forge demo: `forge {args[0]}` failed with exit code {done.returncode}")
 
@@ -82,7 +84,9 @@ def show(con: Any, title: str, sql: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="forge-demo", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     p.add_argument("--out", type=Path, default=Path("data/runs/demo"))
     p.add_argument("--snapshot", type=Path, default=Path("data/snapshots/demo"))
     args = p.parse_args(argv)
@@ -96,17 +100,45 @@ def main(argv: list[str] | None = None) -> int:
     env["OPENAI_API_KEY"] = "sk-demo-not-a-real-key"
     with ScriptedUpstream(ScriptedExpert(), side_text="It should hold the word hi.") as provider:
         print(f"forge demo: scripted provider for api.openai.com on {provider.base_url}")
-        for (task_id, instruction, expected), n in itertools.product(TASKS, range(ROLLOUTS_PER_TASK)):
+        for (task_id, instruction, expected), n in itertools.product(
+            TASKS, range(ROLLOUTS_PER_TASK)
+        ):
             rollout = f"{task_id}-{n}"
             work = Path(tempfile.mkdtemp(prefix=f"forge-demo-{rollout}-"))
-            forge("record", "--out", str(out), "--rollout", rollout, "--task", task_id, "--harness", "toy",
-                  "--upstream", f"api.openai.com={provider.base_url}",
-                  "--", sys.executable, "-m", "rl.toy_harness", instruction, cwd=work, env=env)
+            forge(
+                "record",
+                "--out",
+                str(out),
+                "--rollout",
+                rollout,
+                "--task",
+                task_id,
+                "--harness",
+                "toy",
+                "--upstream",
+                f"api.openai.com={provider.base_url}",
+                "--",
+                sys.executable,
+                "-m",
+                "rl.toy_harness",
+                instruction,
+                cwd=work,
+                env=env,
+            )
             # The verifier: did the harness write the file the task asked for?
             target = work / expected
             ok = target.exists() and target.read_text().strip() == "hi"
-            forge("reward", "--data", str(out), "--rollout", rollout, "--reward", "1" if ok else "0",
-                  "--source", "demo verifier")
+            forge(
+                "reward",
+                "--data",
+                str(out),
+                "--rollout",
+                rollout,
+                "--reward",
+                "1" if ok else "0",
+                "--source",
+                "demo verifier",
+            )
             shutil.rmtree(work, ignore_errors=True)
     forge("tree", "--data", str(out), "--rollout", "hello-0")
     forge("view", "--data", str(out))
@@ -116,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     forge("eval", "--data", str(out), "--k", "1,2")
     forge("snapshot", "--data", str(out), "--out", str(snapshot))
     print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}; pages in {out / 'view'}")
-    print(f"Try: .venv/bin/forge sql --data {args.out} \"select * from edges\"")
+    print(f'Try: .venv/bin/forge sql --data {args.out} "select * from edges"')
     return 0
 
 

@@ -115,7 +115,11 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
         args += ["--set", item]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     deadline = time.monotonic() + _READY_TIMEOUT_S
     while time.monotonic() < deadline:
