@@ -31,16 +31,27 @@ def add_parser(sub: Any) -> None:
         help="script the model to answer with TEXT, e.g. a <tool_call> block (no newline and "
         "no repeated token)",
     )
+    p.add_argument(
+        "--reply-margin",
+        type=float,
+        default=40.0,
+        metavar="LOGITS",
+        help="with --reply: each scripted token's logit lead over every other token. The "
+        "default 40 makes sampling follow the script; about 16 makes a sampled reply leave "
+        "it now and then (a stochastic policy, for rollouts whose rewards differ)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rl.tiny_model import ModelBuildError, build_tiny_model, script_reply
 
+    if args.reply_margin <= 0:
+        raise ForgeError(f"--reply-margin must be > 0, got {args.reply_margin}")
     try:
         out = build_tiny_model(args.out, seed=args.seed)
         if args.reply is not None:
-            script_reply(out, args.reply)
+            script_reply(out, args.reply, margin=args.reply_margin)
     except ModelBuildError as e:
         raise ForgeError(str(e)) from e
     print(f"forge: tiny Qwen3 model written to {out}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_cli.proxy import DEFAULT_CONFDIR, ForgeError
+from forge_cli.serve_args import add_serve_arguments, serve_extra
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.local import RolloutOptions, run_rollouts, summary_json
 from k8s_jobs.outcome import STATUSES, Progress, format_progress
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
         metavar="OPTION=VALUE",
         help="any other mitmproxy or forge_ option for the proxy; repeatable",
     )
+    add_serve_arguments(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--list-harnesses", action="store_true", help="list harness templates and exit")
     p.add_argument(
@@ -147,6 +149,12 @@ def run(args: argparse.Namespace) -> int:
         )
     tasks = load_tasks(args.tasks)
     out = args.out or Path("data/runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+    if args.backend == "k8s" and args.mode == "serve":
+        raise ForgeError(
+            "--mode serve runs with --backend local only: a pod's proxy sidecar would need "
+            "the policy's tokenizer and a policy URL reachable from the cluster"
+        )
+    proxy_extra = list(args.extra) + serve_extra(args)
     printer = _ProgressPrinter()
     if args.backend == "k8s":
         return run_k8s(args, tasks, out, printer)
@@ -165,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         confdir=args.confdir,
         work_root=args.work_root,
         keep_workdirs=args.keep_workdirs,
-        proxy_extra=list(args.extra),
+        proxy_extra=proxy_extra,
         on_progress=printer,
     )
     print(f"forge: {len(tasks)} task(s) x {args.n} rollout(s) into {out}", file=sys.stderr)

@@ -8,9 +8,40 @@ from pathlib import Path
 from typing import Any
 
 from forge_cli.proxy import ForgeError
+from pipeline.grpo import GroupSettings, parse_settings
 from pipeline.snapshot import FilterError, SnapshotExists, TrajectoryFilter, write_snapshot
 
-__all__ = ["add_filter_arguments", "add_parser", "filters_from", "run"]
+__all__ = [
+    "add_filter_arguments",
+    "add_grpo_argument",
+    "add_parser",
+    "filters_from",
+    "group_settings_from",
+    "run",
+]
+
+
+def add_grpo_argument(p: argparse.ArgumentParser) -> None:
+    """--grpo NAME=VALUE: the GRPO grouping rules of the groups and samples views."""
+    p.add_argument(
+        "--grpo",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a GRPO grouping rule (pipeline/sql/220_grpo_settings.sql); repeatable: "
+        "normalize_std=true|false, unbiased_std=true|false, eps=1e-6, "
+        "zero_spread=drop|keep, single_member=drop|zero|raw, partial=drop|zero|credit, "
+        "partial_credit_key=KEY, version_window=1",
+    )
+
+
+def group_settings_from(args: argparse.Namespace) -> GroupSettings | None:
+    if not args.grpo:
+        return None
+    try:
+        return parse_settings(args.grpo)
+    except ValueError as e:
+        raise ForgeError(str(e)) from None
 
 
 def add_filter_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,6 +87,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--data", type=Path, required=True, help="run directory")
     p.add_argument("--out", type=Path, required=True, help="new snapshot directory")
     add_filter_arguments(p)
+    add_grpo_argument(p)
     p.add_argument("--no-audits", action="store_true", help="do not run the audit queries (faster)")
     p.set_defaults(func=run)
 
@@ -63,8 +95,15 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.data.is_dir():
         raise ForgeError(f"--data {args.data}: no such run directory")
+    settings = group_settings_from(args)
     try:
-        result = write_snapshot(args.data, args.out, filters_from(args), audit=not args.no_audits)
+        result = write_snapshot(
+            args.data,
+            args.out,
+            filters_from(args),
+            audit=not args.no_audits,
+            group_settings=settings,
+        )
     except SnapshotExists as e:
         raise ForgeError(str(e)) from None
     except FilterError as e:

@@ -27,7 +27,9 @@ from typing import IO, Any
 
 import duckdb
 
+from forge_cli.cmd_snapshot import add_grpo_argument, group_settings_from
 from forge_cli.proxy import ForgeError
+from pipeline.grpo import apply_settings
 from pipeline.store import connect, names_derived
 
 __all__ = ["add_parser", "run"]
@@ -51,6 +53,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("query", help="SQL query, or - to read it from standard input")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("--out", type=Path, default=None, help="write to this file, not stdout")
+    add_grpo_argument(p)
     p.set_defaults(func=run)
 
 
@@ -111,9 +114,12 @@ def run(args: argparse.Namespace) -> int:
         raise ForgeError(f"--data {args.data}: no such run directory")
     if args.format == "parquet" and args.out is None:
         raise ForgeError("--format parquet writes a file: add --out FILE.parquet")
+    settings = group_settings_from(args)
     # A query over a derived view computes the call tree once, not once per reference.
     con = connect(args.data, stitched=names_derived(query))
     try:
+        if settings is not None:
+            apply_settings(con, settings)
         try:
             relation = con.sql(query)
         except duckdb.Error as e:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from forge_cli.proxy import (
     start_proxy,
     stop_proxy_process,
 )
+from forge_cli.serve_args import add_serve_arguments, serve_extra
 from pipeline.shards import write_rows
 
 __all__ = ["ForgeError", "add_parser", "run"]
@@ -84,27 +83,7 @@ def add_parser(sub: Any) -> None:
         metavar="UID|USER",
         help="with --transparent: the user CMD runs as (not root)",
     )
-    p.add_argument(
-        "--mode",
-        choices=("record", "serve"),
-        default="record",
-        help="record: calls go to their provider; serve: the policy server answers them",
-    )
-    p.add_argument(
-        "--policy", default=None, metavar="URL", help="serve mode: the policy server's base URL"
-    )
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        default=None,
-        help="serve mode: the policy's model folder (default: the folder the policy server "
-        "reports as its model's root, when it is a local folder)",
-    )
-    p.add_argument(
-        "--serve-models",
-        default="all",
-        help="serve mode: requested models the policy answers (names or globs, or all)",
-    )
+    add_serve_arguments(p)
     p.add_argument("--task", default=None, help="task id for the rollout's row in rollouts/")
     p.add_argument(
         "--harness", default=None, help="harness name for the rollout's row (default: CMD's name)"
@@ -129,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise ForgeError("--uid goes with --transparent")
     harness = transparent.prepare(args.uid) if args.transparent else None
     rollout = args.rollout or out.resolve().name
-    extra = list(args.extra)
-    if args.mode == "serve":
-        extra += serve_options(args.policy, args.tokenizer, args.serve_models)
+    extra = list(args.extra) + serve_extra(args)
     settings = ProxySettings(
         out_dir=out,
         confdir=args.confdir,
@@ -236,26 +213,3 @@ def print_summary(out: Path, run_id: str) -> None:
     ).fetchone()
     if other and other[1]:
         print(f"  other requests to LLM hosts (not model calls): {other[1]}", file=sys.stderr)
-
-
-def serve_options(policy: str | None, tokenizer: Path | None, models: str) -> list[str]:
-    """The addon options of serve mode; the tokenizer defaults to the policy's model folder."""
-    if not policy:
-        raise ForgeError("--mode serve needs --policy URL (e.g. http://127.0.0.1:8000)")
-    if tokenizer is None:
-        try:
-            with urllib.request.urlopen(policy.rstrip("/") + "/v1/models", timeout=10) as r:
-                root = json.loads(r.read())["data"][0].get("root")
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise ForgeError(f"cannot ask the policy server at {policy} for its model: {e}") from e
-        if not isinstance(root, str) or not Path(root).is_dir():
-            raise ForgeError(
-                "the policy server's model is not a local folder: pass --tokenizer DIR"
-            )
-        tokenizer = Path(root)
-    return [
-        "forge_mode=serve",
-        f"forge_policy={policy}",
-        f"forge_tokenizer={tokenizer.resolve()}",
-        f"forge_serve_models={models}",
-    ]

@@ -58,6 +58,8 @@ class Config:
     policy_url: str | None = None
     tokenizer_dir: Path | None = None
     serve_models: tuple[str, ...] = ()
+    # Serve mode: most completion tokens per served call (0: what the harness asks for).
+    serve_max_tokens: int = 0
 
 
 def parse_policy_url(value: str) -> str:

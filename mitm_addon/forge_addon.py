@@ -139,6 +139,14 @@ class ForgeAddon:
             "recorded as in record mode.",
         )
         loader.add_option(
+            "forge_serve_max_tokens",
+            int,
+            0,
+            "Serve mode: the most completion tokens the policy writes per call, below what the "
+            "harness asks for (0: no cap beyond the harness's own max_tokens, else 4096). A "
+            "capped reply ends with the API's length stop reason.",
+        )
+        loader.add_option(
             "forge_rollout",
             Optional[str],  # type: ignore[arg-type]  # noqa: UP045 - mitmproxy's option types
             None,
@@ -276,6 +284,9 @@ class ForgeAddon:
                 if o.forge_tokenizer
                 else None,
                 serve_models=parse_models(o.forge_serve_models),
+                serve_max_tokens=cfg.parse_non_negative(
+                    "forge_serve_max_tokens", o.forge_serve_max_tokens
+                ),
             )
             if out is not None:
                 _check_writable(out)
@@ -451,11 +462,21 @@ class ForgeAddon:
                 "forge_tokenizer (the policy's model folder)"
             )
         old = self.serve.server
-        key = (config.policy_url, config.tokenizer_dir, config.serve_models)
+        key = (
+            config.policy_url,
+            config.tokenizer_dir,
+            config.serve_models,
+            config.serve_max_tokens,
+        )
         if old is not None and self.serve.key == key:
             return old
         try:
-            server = ServeServer(config.policy_url, config.tokenizer_dir, config.serve_models)
+            server = ServeServer(
+                config.policy_url,
+                config.tokenizer_dir,
+                config.serve_models,
+                max_tokens_cap=config.serve_max_tokens or None,
+            )
         except (TemplateError, ValueError) as e:
             raise cfg.ConfigError(str(e)) from e
         self.serve.key = key

@@ -337,3 +337,32 @@ def apply_settings(con: duckdb.DuckDBPyConnection, settings: GroupSettings) -> N
         con.execute(
             f"SET VARIABLE forge_grpo_{f.name} = $value", {"value": getattr(settings, f.name)}
         )
+
+
+def parse_settings(items: Iterable[str]) -> GroupSettings:
+    """``GroupSettings`` from ``NAME=VALUE`` texts (``forge snapshot --grpo``), each value
+    read as its field's type: ``zero_spread=keep``, ``normalize_std=false``, ``eps=1e-4``."""
+    kinds = {f.name: f.type for f in fields(GroupSettings)}
+    values: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in kinds:
+            raise ValueError(
+                f"--grpo {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}"
+            )
+        kind, text = str(kinds[name]), text.strip()
+        try:
+            if kind == "bool":
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError("expected true or false")
+                values[name] = text.lower() in ("true", "1", "yes")
+            elif kind == "float":
+                values[name] = float(text)
+            elif kind == "int":
+                values[name] = int(text)
+            else:
+                values[name] = text
+        except ValueError as e:
+            raise ValueError(f"--grpo {item!r}: {e}") from None
+    return GroupSettings(**values)

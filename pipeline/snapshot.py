@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import store
+from pipeline.grpo import GroupSettings, apply_settings
 from pipeline.samples import SAMPLES, iter_samples
 from pipeline.schema import SCHEMA_VERSION, TABLES
 
@@ -182,6 +183,14 @@ def open_stable(data_dir: Path, attempts: int = 3) -> tuple[duckdb.DuckDBPyConne
     raise RuntimeError(f"shards kept appearing under {data_dir}; stop the writer and retry")
 
 
+def _settings_in_force(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The GRPO settings the connection's ``groups`` view resolves (variables, defaults)."""
+    cursor = con.execute("SELECT * FROM grpo_settings()")
+    row = cursor.fetchone()
+    assert row is not None
+    return dict(zip([d[0] for d in cursor.description], row, strict=True))
+
+
 def materialize(con: duckdb.DuckDBPyConnection, names: Iterable[str] = MATERIALIZE) -> None:
     """Replace each view in ``names`` by a table of its rows, in this connection only.
 
@@ -306,11 +315,14 @@ def write_snapshot(
     filters: TrajectoryFilter | None = None,
     con: duckdb.DuckDBPyConnection | None = None,
     audit: bool = True,
+    group_settings: GroupSettings | None = None,
 ) -> SnapshotResult:
     """Write the snapshot of ``data_dir`` (filtered by trajectories) to the new directory ``out``.
 
     ``con`` is a connection over ``data_dir`` (``store.connect``); without one the
-    directory is opened here. Raises SnapshotExists when ``out`` exists.
+    directory is opened here. ``group_settings`` are the GRPO rules of the ``groups`` and
+    ``samples`` tables (default: those in force on ``con``, else the defaults); the
+    manifest records the ones used. Raises SnapshotExists when ``out`` exists.
     """
     data_dir = Path(data_dir).resolve()
     out = Path(out)
@@ -323,8 +335,12 @@ def write_snapshot(
     own = con is None
     if con is None:
         con, sources = open_stable(data_dir)
+        if group_settings is not None:
+            apply_settings(con, group_settings)
         materialize(con)
     else:
+        if group_settings is not None:
+            apply_settings(con, group_settings)
         sources = list_sources(data_dir)
     rollouts = None if filters.empty else select_rollouts(con, filters)
 
@@ -362,6 +378,7 @@ def write_snapshot(
             "forge_version": forge_version(),
             "schema_version": SCHEMA_VERSION,
             "filters": filters.describe(),
+            "grpo": _settings_in_force(con),
             "rollouts": len(rollouts) if rollouts is not None else result.rows["trajectories"],
             "tables": {
                 table: {

@@ -98,6 +98,7 @@ class Server:
         tokenizer_dir: Path,
         models: tuple[str, ...] = (),
         policy_version: int | None = None,
+        max_tokens_cap: int | None = None,
     ) -> None:
         self.renderer = Renderer(tokenizer_dir)
         self.parser = completion_mod.PARSERS[
@@ -106,6 +107,7 @@ class Server:
         self.client = PolicyClient(policy_url, policy_version=policy_version)
         self.store = SpliceStore()
         self.models = models
+        self.max_tokens_cap = max_tokens_cap
 
     def serves(self, model: str | None) -> bool:
         """Does the policy answer calls naming this model (``forge_serve_models``)?"""
@@ -136,6 +138,8 @@ class Server:
         plan = plan_prompt(self.store, self.renderer, conv.messages, conv.tools)
         _, max_model_len = self.client.model()
         max_tokens = conv.max_tokens or DEFAULT_MAX_TOKENS
+        if self.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, self.max_tokens_cap)
         if max_model_len is not None:
             room = max_model_len - len(plan.prompt_ids)
             if room < 1:

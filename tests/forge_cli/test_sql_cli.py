@@ -118,3 +118,19 @@ def test_long_cells_are_cut_in_tables(run_dir: Path, capsys: pytest.CaptureFixtu
     forge_sql("--data", str(run_dir), "select repeat('x', 500) as long")
     out = capsys.readouterr().out.splitlines()
     assert out[2].endswith("…") and len(out[2]) == 60
+
+
+def test_grpo_rules_apply_to_the_groups_view(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One group (task t) with rewards 1 and 0: normalised by default, raw under Dr. GRPO."""
+    query = "select rollout_id, advantage from groups order by rollout_id"
+    assert forge_sql("--data", str(run_dir), "--format", "json", query) == 0
+    default = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert default[0]["advantage"] == pytest.approx(0.5 / (0.5**0.5 + 1e-6))
+    argv = ["--data", str(run_dir), "--format", "json", "--grpo", "normalize_std=false", query]
+    assert forge_sql(*argv) == 0
+    raw = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["advantage"] for r in raw] == pytest.approx([0.5, -0.5])
+    with pytest.raises(ForgeError, match="expected true or false"):
+        forge_sql("--data", str(run_dir), "--grpo", "normalize_std=sometimes", query)

@@ -309,3 +309,31 @@ def test_the_sources_are_the_shards_the_views_read(
         "rewards.parquet",
     ]
     assert con.sql("SELECT count(*) FROM rewards").fetchall() == [(4,)]
+
+
+def test_grpo_rules_from_the_cli_change_the_samples_and_are_in_the_manifest(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """r3 timed out: dropped by default, kept with reward 0 under --grpo partial=zero."""
+    default = parse(["snapshot", "--data", str(run_dir), "--out", str(tmp_path / "s1")])
+    assert default.func(default) == 0
+    manifest = read_manifest(tmp_path / "s1")
+    assert manifest["grpo"]["partial"] == "drop" and manifest["grpo"]["eps"] == 1e-6
+    assert manifest["tables"]["samples"]["rows"] == 2
+
+    zero = parse(["snapshot", "--data", str(run_dir), "--out", str(tmp_path / "s2"),
+                  "--grpo", "partial=zero", "--grpo", "normalize_std=false"])  # fmt: skip
+    assert zero.func(zero) == 0
+    manifest = read_manifest(tmp_path / "s2")
+    assert manifest["grpo"]["partial"] == "zero" and manifest["grpo"]["normalize_std"] is False
+    samples = pq.read_table(tmp_path / "s2" / FILES["samples"]).to_pylist()
+    by_rollout = {s["rollout_id"]: s["advantage"] for s in samples}
+    # Dr. GRPO: rewards 1, 0, 0 minus their mean 1/3, no std division.
+    assert by_rollout == pytest.approx({"r1": 2 / 3, "r2": -1 / 3, "r3": -1 / 3})
+
+    for bad, words in (("partial=maybe", "partial must be one of"), ("nope=1", "NAME=VALUE")):
+        args = parse(["snapshot", "--data", str(run_dir), "--out", str(tmp_path / "s3"),
+                      "--grpo", bad])  # fmt: skip
+        with pytest.raises(ForgeError, match=words):
+            args.func(args)
+    assert not (tmp_path / "s3").exists()

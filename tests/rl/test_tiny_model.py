@@ -44,3 +44,37 @@ def test_the_same_seed_builds_the_same_weights(
     )
     same = (tmp_path / "again" / "model.safetensors").read_bytes()
     assert same == (tiny_models[0] / "model.safetensors").read_bytes()
+
+
+def scripted_token_probability(model_dir: Path, reply: str) -> float:
+    """Probability that the model's first sampled token (temperature 1) after the chat
+    template's generation prompt is the reply's first token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    first = tokenizer.encode(reply, add_special_tokens=False)[0]
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1]
+    return float(torch.softmax(logits, dim=-1)[first])
+
+
+@pytest.mark.slow
+def test_a_lower_reply_margin_makes_a_policy_that_sometimes_strays(
+    tmp_path: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """--reply-margin 40 follows the script; 16 leaves each token a few percent of room
+    (about vocabulary size x e^-16), so sampled rollouts differ."""
+    reply = "<tool_call>"
+    for margin, low, high in (("40", 1 - 1e-9, 1.0), ("16", 0.95, 0.995)):
+        out = tmp_path / f"m{margin}"
+        argv = ["init-model", "--tiny", "--out", str(out), "--reply", reply]
+        assert forge_main([*argv, "--reply-margin", margin]) == 0
+        assert low <= scripted_token_probability(out, reply) <= high, margin
+    bad = ["init-model", "--tiny", "--out", str(tmp_path / "x"), "--reply-margin", "0"]
+    assert forge_main(bad) == 2 and not (tmp_path / "x").exists()

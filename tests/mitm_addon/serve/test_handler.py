@@ -145,3 +145,26 @@ def test_recorded_logprobs_of_a_random_policy_equal_a_forward_pass(
     diffs = [abs(a - b) for a, b in zip(recomputed.tolist(), t.completion_logprobs, strict=True)]
     assert max(diffs) <= 1e-4
     assert json.loads(answer.body)["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_max_tokens_cap_shortens_replies_below_what_the_harness_asked(
+    tiny_models: tuple[Path, Path],
+) -> None:
+    """forge_serve_max_tokens: a random policy asked for 4096 tokens writes 5 and stops
+    with the API's length reason; without the cap the harness's own max_tokens holds."""
+    with policy_server(tiny_models[0]) as policy:
+        capped = Server(policy.base_url, tiny_models[0], max_tokens_cap=5)
+        body: dict[str, Any] = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}
+        answer = capped.answer("r1", "POST", "/v1/chat/completions", json.dumps(body).encode())
+        assert answer.status == 200 and answer.tokens is not None
+        assert len(answer.tokens.completion_ids) == 5 and answer.tokens.finish_reason == "length"
+        assert json.loads(answer.body)["choices"][0]["finish_reason"] == "length"
+
+        body["max_tokens"] = 3
+        answer = capped.answer("r2", "POST", "/v1/chat/completions", json.dumps(body).encode())
+        assert answer.tokens is not None and len(answer.tokens.completion_ids) == 3
+
+        body["max_tokens"] = 7
+        free = Server(policy.base_url, tiny_models[0])
+        answer = free.answer("r3", "POST", "/v1/chat/completions", json.dumps(body).encode())
+        assert answer.tokens is not None and len(answer.tokens.completion_ids) == 7

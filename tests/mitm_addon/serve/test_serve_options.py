@@ -71,3 +71,16 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
         ws.request.headers["upgrade"] = "websocket"
         a.request(ws)
         assert ws.response is not None and ws.response.status_code == 426
+
+
+def test_a_negative_serve_max_tokens_is_an_options_error(tmp_path: Path) -> None:
+    a = ForgeAddon()
+    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match=">= 0"):
+        tctx.configure(
+            a,
+            forge_dir=str(tmp_path / "run"),
+            forge_mode="serve",
+            forge_policy="http://127.0.0.1:9",
+            forge_tokenizer=str(qwen3_tokenizer_dir()),
+            forge_serve_max_tokens=-1,
+        )
