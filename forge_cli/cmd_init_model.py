@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
         default=40.0,
         metavar="LOGITS",
         help="with --reply: each scripted token's logit lead over every other token. The "
-        "default 40 makes sampling follow the script; about 16 makes a sampled reply leave "
+        "default 40 makes sampling follow the script; 15 or 16 makes a sampled reply leave "
         "it now and then (a stochastic policy, for rollouts whose rewards differ)",
     )
     p.set_defaults(func=run)

@@ -103,9 +103,20 @@ def run(args: argparse.Namespace) -> int:
     except (BatchError, ValueError, FileNotFoundError) as e:
         raise ForgeError(str(e)) from None
     if not samples:
+        dropped = ", ".join(
+            f"{int(n)} {key.removeprefix('rollouts/dropped/')}"
+            for key, n in sorted(read_group_stats(args.snapshot).items())
+            if key.startswith("rollouts/dropped/")
+        )
         raise ForgeError(
             f"{args.snapshot} holds no samples (no served calls with token ids in included "
             "GRPO groups); nothing to train"
+            + (
+                f". Rollouts the GRPO rules dropped: {dropped}; more rollouts per task, or "
+                "forge snapshot --grpo zero_spread=keep (or partial=zero), keep them"
+                if dropped
+                else ""
+            )
         )
     try:
         model = trainer.load_policy(args.model)
