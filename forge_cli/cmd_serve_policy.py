@@ -36,6 +36,10 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from rl.policy.server import PolicyServer, ServerSettings
 
@@ -54,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         server = PolicyServer(settings)
     except OSError as e:
         raise ForgeError(f"cannot listen on {args.host}:{args.port}: {e}") from e
-    signal.signal(signal.SIGTERM, lambda *_: server.httpd.shutdown())
+    # SIGTERM ends serve_forever as Ctrl-C does. (httpd.shutdown() cannot be called here:
+    # the handler runs on the thread serving, and shutdown waits for that loop to end.)
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"forge: serving {server.service.model_name} on {server.base_url}", flush=True)
     try:
         server.serve_forever()

@@ -130,3 +130,42 @@ def test_concurrent_requests_are_queued_not_interleaved(server: Any) -> None:
         t.join(120)
     for i, single in enumerate(alone):
         assert together[i]["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
+
+
+def test_the_cli_server_answers_and_stops_on_sigterm(tiny_models: tuple[Path, Path]) -> None:
+    """`forge serve-policy &` then `kill %1`, as the README does: the process exits."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from forge_cli.proxy import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "forge_cli.main", "serve-policy"]
+    proc = subprocess.Popen(
+        [*cmd, "--model", str(tiny_models[0]), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "serving" in proc.stdout.readline()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body, _ = call(f"http://127.0.0.1:{port}", "GET", "/v1/models")
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, "the server never answered"
+                time.sleep(0.2)
+        assert status == 200 and body["data"][0]["root"] == str(tiny_models[0].resolve())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
