@@ -33,7 +33,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -272,12 +272,15 @@ def render_ratios(figures: dict[str, float | None]) -> str:
 
 
 @contextlib.contextmanager
-def start(name: str, upstream: str, pki: Any, work: Path) -> Iterator[pc.Contender]:
+def start(
+    name: str, upstream: str, pki: Any, work: Path, forge_set: Sequence[str] = ()
+) -> Iterator[pc.Contender]:
     if name == "direct":
         with pc.direct(upstream, pki.ca_cert) as c:
             yield c
     elif name in ("mitmdump", "forge"):
-        with pc.mitmdump(upstream, pki, work, addon=name == "forge") as c:
+        extra = forge_set if name == "forge" else ()
+        with pc.mitmdump(upstream, pki, work, addon=name == "forge", extra=extra) as c:
             yield c
     else:
         with pc.litellm(upstream, pki, work, MODEL) as c:
@@ -306,7 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=results.BENCH_DIR, help="folder of results.json/.md"
     )
     parser.add_argument("--no-record", action="store_true", help="print only")
+    parser.add_argument(
+        "--forge-set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="another option for the Forge contender (e.g. forge_process_lookup=false), to "
+        "see what a setting costs; results are then not recorded",
+    )
     args = parser.parse_args(argv)
+    if args.forge_set:
+        args.no_record = True  # the recorded figures are Forge's defaults
     base = FULL if args.full else QUICK
     sizes = Sizes(
         *(max(1, math.ceil(getattr(base, f) * args.scale)) for f in Sizes.__dataclass_fields__)
@@ -321,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                 contenders = []
                 for name in names:
                     print(f"-- {name}: starting", flush=True)
-                    contenders.append(stack.enter_context(start(name, upstream, pki, work)))
+                    contenders.append(
+                        stack.enter_context(start(name, upstream, pki, work, args.forge_set))
+                    )
                 print(f"-- all started ({time.monotonic() - began:.0f} s); measuring", flush=True)
                 by_name, sent = measure_all(contenders, sizes, args.rounds, args.stream_words)
             stats = pc.upstream_stats(upstream, pki)

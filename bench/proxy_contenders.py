@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,8 +112,11 @@ def direct(upstream: str, cafile: Path) -> Iterator[Contender]:
 
 
 @contextlib.contextmanager
-def mitmdump(upstream: str, pki: Pki, work: Path, addon: bool) -> Iterator[Contender]:
-    """Bare mitmdump (``addon=False``) or Forge in record mode (``addon=True``)."""
+def mitmdump(
+    upstream: str, pki: Pki, work: Path, addon: bool, extra: Sequence[str] = ()
+) -> Iterator[Contender]:
+    """Bare mitmdump (``addon=False``) or Forge in record mode (``addon=True``); ``extra``:
+    more ``--set`` options."""
     name = "forge" if addon else "mitmdump"
     port = free_port()
     confdir = work / "mitmproxy-conf"  # shared: the CA is made once
@@ -149,6 +152,8 @@ def mitmdump(upstream: str, pki: Pki, work: Path, addon: bool) -> Iterator[Conte
         ]
     else:
         cmd += ["--set", "stream_large_bodies=1"]
+    for option in extra:
+        cmd += ["--set", option]
     with _process(cmd, log, cwd=REPO) as process:
         if addon:
             _wait_file(ready, process, log)
