@@ -73,6 +73,12 @@ def add_parser(sub: Any) -> None:
         "--keep-workdirs", action="store_true", help="keep working directories and homes"
     )
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish a stopped run in the same --out: rollouts that ended are kept, the "
+        "others run again under new ids",
+    )
+    p.add_argument(
         "--set",
         dest="extra",
         action="append",
@@ -174,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         work_root=args.work_root,
         keep_workdirs=args.keep_workdirs,
         proxy_extra=proxy_extra,
+        resume=args.resume,
         on_progress=printer,
     )
     print(f"forge: {len(tasks)} task(s) x {args.n} rollout(s) into {out}", file=sys.stderr)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,10 @@ class RolloutOptions:
     """More ``--set NAME=VALUE`` for the proxy (forge_hosts, forge_mode, ...)."""
     on_progress: Callable[[Progress], None] | None = None
     """Called (from worker threads, serialised) whenever a rollout starts or ends."""
+    resume: bool = False
+    """Continue a run directory that already holds rollouts (a killed run): rollouts that
+    ended are kept and not run again; the others run under ids not used before, so calls
+    of an attempt cut short stay apart (they have no reward: GRPO drops them)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class PlannedRollout:
     task: Task
     sample: int
     group_id: str
+    first_attempt: int = 0
+    """Attempt number of the first id to use (``rollout_id``): above 0 when resuming."""
 
 
 @dataclass
@@ -154,8 +160,11 @@ def run_rollouts(tasks: Sequence[Task], options: RolloutOptions) -> RunSummary:
     proxy recording into ``options.out_dir``; return when all have ended."""
     _check_options(tasks, options)
     out = options.out_dir.expanduser().resolve()
-    if shard_files(out, "rollouts"):
-        raise ForgeError(f"{out} already holds rollouts: pass a new --out directory for this run")
+    if shard_files(out, "rollouts") and not options.resume:
+        raise ForgeError(
+            f"{out} already holds rollouts: pass a new --out directory for this run, or "
+            "--resume to finish a run that was stopped"
+        )
     templates = dict(options.templates or builtin_harnesses())
     for task in tasks:
         name = options.harness or task.harness
@@ -164,6 +173,7 @@ def run_rollouts(tasks: Sequence[Task], options: RolloutOptions) -> RunSummary:
         if name not in templates:
             raise ForgeError(f"unknown harness {name!r}; known: {', '.join(sorted(templates))}")
     plan = plan_rollouts(tasks, options.n, options.policy_version)
+    kept: list[RolloutResult] = []
     own_root = options.work_root is None
     work_root = Path(tempfile.mkdtemp(prefix="forge-rollouts-")) if own_root else options.work_root
     assert work_root is not None
@@ -176,6 +186,14 @@ def run_rollouts(tasks: Sequence[Task], options: RolloutOptions) -> RunSummary:
             extra=list(options.proxy_extra),
         )
     )
+    if options.resume:
+        # After the proxy started: it has stored the calls its predecessor left in the
+        # write-ahead log, so a rollout cut short shows its calls.
+        try:
+            plan, kept = resume_plan(plan, *_recorded(out), options.max_attempts)
+        except BaseException:
+            stop_proxy_process(proxy.process)
+            raise
     runner = _Runner(options, templates, out, work_root, proxy, len(plan))
     try:
         with ThreadPoolExecutor(max_workers=options.parallel, thread_name_prefix="rollout") as pool:
@@ -193,7 +211,55 @@ def run_rollouts(tasks: Sequence[Task], options: RolloutOptions) -> RunSummary:
             log.warning("the proxy exited with %s; see %s", code, proxy.log_path)
         if own_root and not options.keep_workdirs:
             shutil.rmtree(work_root, ignore_errors=True)
-    return RunSummary(out, proxy.run_id, results, time.monotonic() - started)
+    return RunSummary(out, proxy.run_id, kept + results, time.monotonic() - started)
+
+
+def _recorded(out: Path) -> tuple[dict[str, tuple[str, float | None]], set[str]]:
+    """(rollout id -> (status, reward) of the rollouts that ended, every rollout id with
+    a call or a row) in a run directory."""
+    import duckdb
+
+    from pipeline.store import connect
+
+    con: duckdb.DuckDBPyConnection = connect(out)
+    ended = {
+        rid: (status, reward)
+        for rid, status, reward in con.execute(
+            "SELECT r.rollout_id, r.status, w.reward FROM rollouts_latest AS r "
+            "LEFT JOIN rewards_latest AS w USING (rollout_id)"
+        ).fetchall()
+    }
+    used = {r[0] for r in con.execute("SELECT DISTINCT rollout_id FROM calls").fetchall()}
+    con.close()
+    return ended, used | set(ended)
+
+
+def resume_plan(
+    plan: Sequence[PlannedRollout],
+    ended: Mapping[str, tuple[str, float | None]],
+    used: set[str],
+    max_attempts: int,
+) -> tuple[list[PlannedRollout], list[RolloutResult]]:
+    """Split ``plan`` into the rollouts still to run and the results of those that ended
+    (a final row other than a retryable infra_error). A rollout to run starts at the first
+    attempt number whose id no call or row uses yet."""
+    todo: list[PlannedRollout] = []
+    kept: list[RolloutResult] = []
+    for p in plan:
+        attempt, last_ended = 0, None
+        while (rid := rollout_id(p.task.id, p.sample, attempt)) in used:
+            if rid in ended:
+                last_ended = rid
+            attempt += 1
+        status = ended[last_ended][0] if last_ended else None
+        if last_ended is not None and (status != "infra_error" or attempt >= max_attempts):
+            result = RolloutResult(last_ended, p.task.id, p.sample, p.group_id, status or "")
+            result.reward = ended[last_ended][1]
+            result.attempts.append(last_ended)
+            kept.append(result)
+        else:
+            todo.append(replace(p, first_attempt=attempt))
+    return todo, kept
 
 
 def _check_options(tasks: Sequence[Task], options: RolloutOptions) -> None:
@@ -280,14 +346,16 @@ class _Runner:
         started = time.monotonic()
         self._report(running=1)
         try:
-            for attempt in range(self.options.max_attempts):
+            first = planned.first_attempt
+            for attempt in range(first, first + self.options.max_attempts):
                 if self._aborted.is_set():
                     result.error = "aborted"
                     break
-                if attempt:
+                if attempt > first:
                     self._report(retries=1)
+                    n_retry = attempt - first
                     time.sleep(
-                        backoff_s(attempt, self.options.backoff_base_s, self.options.backoff_max_s)
+                        backoff_s(n_retry, self.options.backoff_base_s, self.options.backoff_max_s)
                     )
                 rid = rollout_id(task.id, planned.sample, attempt)
                 result.rollout_id = rid
@@ -352,9 +420,10 @@ class _Runner:
             planned.sample,
             outcome,
         )
-        write_rows(self.out, "rollouts", [row])
+        # The reward first: a rollouts row marks a rollout that ended (what --resume keeps).
         if outcome.verdict is not None:
             write_rows(self.out, "rewards", [reward_row(rid, outcome.verdict)])
+        write_rows(self.out, "rollouts", [row])
         return outcome.status == "infra_error" and outcome.retryable and not self._aborted.is_set()
 
     def _proxy_problem(self) -> str | None:

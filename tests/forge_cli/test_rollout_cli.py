@@ -167,3 +167,75 @@ def test_list_harnesses_names_the_builtins(tmp_path: Path) -> None:
         "opencode",
         "toy",
     ]
+
+
+# One call through the proxy; the first "slow" rollout then hangs (until killed): a run
+# stopped with one rollout cut short after its call.
+RESUME_HARNESS = """
+harnesses:
+  call-then-maybe-hang:
+    command:
+      - bash
+      - -c
+      - >-
+        curl -sS --fail https://api.openai.com/v1/chat/completions
+        -H 'content-type: application/json' -H "authorization: Bearer $OPENAI_API_KEY"
+        -d '{"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}'
+        > answer.json && echo ok > answer.txt &&
+        if [ {task_id} = slow ] && [ ! -e MARK ]; then touch MARK; sleep 120; fi
+    env: {OPENAI_API_KEY: sk-cli-dummy}
+"""
+
+
+def test_a_killed_run_resumes_without_running_or_losing_any_rollout_twice(
+    tmp_path: Path, confdir: Path
+) -> None:
+    import signal
+    import time
+
+    from pipeline.store import connect as open_run
+
+    (tmp_path / "h.yaml").write_text(RESUME_HARNESS.replace("MARK", str(tmp_path / "hung")))
+    tasks = [
+        {"id": "fast", "instruction": "x", "timeout": 60, "verifier": "test -s answer.txt"},
+        {"id": "slow", "instruction": "x", "timeout": 200, "verifier": "test -s answer.txt"},
+    ]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in tasks))
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    with ScriptedUpstream([{"text": "hi"}] * 8) as up:
+        args = [sys.executable, "-m", "forge_cli.main", "rollout", "--tasks", "tasks.jsonl",
+                "--harness", "call-then-maybe-hang", "--harness-config", "h.yaml", "-n", "2",
+                "--parallel", "4", "--out", "run", "--confdir", str(confdir),
+                "--upstream", f"api.openai.com={up.base_url}"]  # fmt: skip
+        first = subprocess.Popen(
+            args, cwd=tmp_path, env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while True:  # until the three rollouts that do not hang have ended
+                time.sleep(0.5)
+                assert time.monotonic() < deadline and first.poll() is None
+                ended = open_run(tmp_path / "run").execute("SELECT count(*) FROM rollouts")
+                if ended.fetchone() == (3,):
+                    break
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # forge, its proxy and the hung harness
+            first.wait()
+        done = forge(tmp_path, *args[3:], "--resume", "--json")
+    assert done.returncode == 0, done.stderr
+    results = {
+        r["rollout_id"]: (r["status"], r["reward"]) for r in json.loads(done.stdout)["results"]
+    }
+    hung = ({"slow.0", "slow.1"} - {r for r in results}).pop()  # the one cut short
+    assert len(results) == 4 and f"{hung}.r1" in results
+    assert set(results.values()) == {("complete", 1.0)}
+    con = open_run(tmp_path / "run")
+    calls = dict(con.execute("SELECT rollout_id, count(*) FROM calls GROUP BY ALL").fetchall())
+    # Each rollout that ended ran once; the one cut short kept its call under its own id,
+    # apart from its rerun, and has no reward, so GRPO drops it rather than train it.
+    assert calls == {**dict.fromkeys(results, 1), hung: 1}
+    trained = con.execute(
+        "SELECT rollout_id, included, drop_reason FROM groups WHERE rollout_id = $r", {"r": hung}
+    ).fetchall()
+    assert trained in ([], [(hung, False, "no_reward")]), trained

@@ -301,3 +301,28 @@ def test_32_toy_rollouts_at_parallelism_8_end_graded_and_stitched(
     assert {g: r for g, _, r in groups} == {
         f"file-{i}@unversioned": want[f"file-{i}"] for i in range(8)
     }
+
+
+def test_resuming_keeps_ended_rollouts_and_gives_the_others_unused_ids() -> None:
+    from k8s_jobs.local import plan_rollouts, resume_plan
+    from k8s_jobs.tasks import Task
+
+    plan = plan_rollouts([Task("a", "x"), Task("b", "x")], 3, None)
+    ended = {
+        "a.0": ("complete", 1.0),  # ended: kept
+        "a.1": ("infra_error", None),  # retryable: runs again as a.1.r1
+        "b.0": ("infra_error", None),  # ... after its last attempt: kept as it ended
+        "b.0.r1": ("infra_error", None),
+    }
+    used = {*ended, "a.2", "b.1"}  # a.2 and b.1 made calls but never ended
+    todo, kept = resume_plan(plan, ended, used, max_attempts=2)
+    assert [(k.rollout_id, k.status, k.reward) for k in kept] == [
+        ("a.0", "complete", 1.0),
+        ("b.0.r1", "infra_error", None),
+    ]
+    assert [(p.task.id, p.sample, p.first_attempt) for p in todo] == [
+        ("a", 1, 1),
+        ("a", 2, 1),
+        ("b", 1, 1),
+        ("b", 2, 0),
+    ]
