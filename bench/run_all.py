@@ -17,7 +17,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import bench_pipeline, bench_proxy, bench_rollouts, bench_storage, results
+from bench import (
+    bench_pipeline,
+    bench_proxy,
+    bench_rollouts,
+    bench_storage,
+    bench_train,
+    results,
+)
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
     "proxy": lambda a: [
@@ -36,12 +43,15 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
         "--repeat",
         str(a.repeat),
     ],
+    # one thread: on 2 shared cores two threads make single steps vary 3x
+    "train": lambda a: ["--threads", "1", *(["--rounds", "3"] if a.quick else [])],
 }
 _MAINS: dict[str, Callable[[list[str]], int]] = {
     "proxy": bench_proxy.main,
     "storage": bench_storage.main,
     "pipeline": bench_pipeline.main,
     "rollouts": bench_rollouts.main,
+    "train": bench_train.main,
 }
 
 

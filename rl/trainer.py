@@ -83,9 +83,9 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     b, t, v = logits.shape
     # Position j predicts token j+1 (the last predicts nothing: ignored), as Hugging Face's
-    # own causal-LM loss shifts its labels. Rows of (B*T, V) keep the vocabulary contiguous:
-    # the (B, V, T) transposed form, or a copy of logits[:, :-1], costs about 1.5x the step
-    # on CPU, where the 152k-token vocabulary dominates (bench/bench_train.py).
+    # own causal-LM loss shifts its labels: rows of (B*T, V), the vocabulary contiguous and
+    # no copy of logits[:, :-1]. Cross-entropy over the transposed (B, V, T-1) made the
+    # whole step 2.3x slower on CPU with Qwen3's 152k vocabulary (bench/bench_train.py).
     labels = F.pad(batch.input_ids[:, 1:], (0, 1), value=-100)  # (B, T)
     lp = -F.cross_entropy(
         logits.float().reshape(b * t, v), labels.reshape(-1), ignore_index=-100, reduction="none"
