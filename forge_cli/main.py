@@ -22,6 +22,7 @@ COMMANDS = (
     "cmd_rollout",
     "cmd_k8s",
     "cmd_train",
+    "cmd_loop",
     "cmd_init_model",
     "cmd_serve_policy",
 )

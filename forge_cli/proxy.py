@@ -97,6 +97,8 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
         "--set",
         f"forge_ready_file={ready}",
         "--set",
+        f"forge_parent_pid={os.getpid()}",  # a SIGKILLed launcher takes its proxy along
+        "--set",
         "connection_strategy=lazy",
         "--set",
         "flow_detail=0",

@@ -42,6 +42,7 @@ from mitm_addon.serve.renderer import TemplateError
 from mitm_addon.writer import Writer
 
 log = logging.getLogger(__name__)
+_PARENT_POLL_S = 0.5
 
 # WebSocket server messages that end one Responses call (checked on a message's head).
 _WS_TERMINAL = re.compile(
@@ -94,6 +95,7 @@ class ForgeAddon:
         self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
         self._lookups = ProcessLookups(os.getpid())
         self._local_addresses = local_addresses()
+        self._parent_watch: asyncio.Task[None] | None = None
         # Serve mode answers model calls in an async hook of its own (a child addon, so it
         # runs after this addon's request hook has opened the call's record).
         self.serve = ServeHook(self)
@@ -231,6 +233,14 @@ class ForgeAddon:
         loader.add_option(
             "forge_ready_file", str, "", "Written once the addon is recording (for launchers)."
         )
+        loader.add_option(
+            "forge_parent_pid",
+            int,
+            0,
+            "Stop, storing every recorded call, once the process with this pid is no longer "
+            "the proxy's parent: a launcher killed with SIGKILL takes its proxy with it "
+            "(forge record and forge rollout set it). 0: off.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         if "connection_strategy" in ctx.options and ctx.options.connection_strategy != "lazy":
@@ -318,6 +328,17 @@ class ForgeAddon:
         log.info(
             "forge: recording %s to %s", ",".join(sorted(self.config.hosts)), self.config.out_dir
         )
+        parent = ctx.options.forge_parent_pid
+        if parent and self._parent_watch is None:
+            if os.getppid() != parent:
+                log.warning("forge: forge_parent_pid %d is not this proxy's parent", parent)
+            else:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # no event loop (taddons): nothing to watch with
+                    loop = None
+                if loop is not None:
+                    self._parent_watch = loop.create_task(self._watch_parent(parent))
         ready = ctx.options.forge_ready_file
         if ready:
             Path(ready).write_text(
@@ -325,6 +346,12 @@ class ForgeAddon:
                     {"pid": os.getpid(), "run_id": self.run_id, "dir": str(self.config.out_dir)}
                 )
             )
+
+    async def _watch_parent(self, pid: int) -> None:
+        while os.getppid() == pid:
+            await asyncio.sleep(_PARENT_POLL_S)
+        log.warning("forge: the launcher (pid %d) has gone; stopping", pid)
+        ctx.master.shutdown()
 
     def done(self) -> None:
         if self.writer is not None:

@@ -9,11 +9,13 @@ power loss too. Reading stops at the first torn or corrupt frame.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,27 @@ def read_frames(data: bytes) -> tuple[list[tuple[int, dict[str, Any], bytes]], i
     return frames, len(data) - pos
 
 
-class Wal:
-    """Segments ``<dir>/NNNNNNNN.wal``; the newest is open for appending."""
+class WalBusy(OSError):
+    """Another live proxy holds the log's directory (it records into the same run)."""
 
-    def __init__(self, directory: Path) -> None:
+
+LOCK_FILE = ".lock"
+LOCK_WAIT_S = 30.0
+
+
+class Wal:
+    """Segments ``<dir>/NNNNNNNN.wal``; the newest is open for appending.
+
+    One proxy at a time owns a directory (an exclusive ``flock`` on ``.lock``, released
+    when the process ends however it ends): a second proxy recording into the same run
+    waits for the first to finish, up to ``lock_wait_s``, then raises ``WalBusy``, since
+    reading a live proxy's segments as an earlier run's would record its calls twice.
+    """
+
+    def __init__(self, directory: Path, lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_directory(directory, lock_wait_s)
         self.lock = threading.Lock()
         existing = self.segments()
         self.seq = (existing[-1] + 1) if existing else 1
@@ -115,6 +132,37 @@ class Wal:
                 os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = -1
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
+
+
+def _lock_directory(directory: Path, wait_s: float) -> int:
+    """An exclusive flock on ``directory/.lock`` (holding this process's pid), waiting up
+    to ``wait_s`` for another holder to let go."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise WalBusy(
+                    f"another Forge proxy (pid {holder}) is recording into {directory.parent}; "
+                    "stop it or record into another directory"
+                ) from None
+            if not said:
+                log.warning("forge: waiting for the proxy (pid %s) recording into %s to stop",
+                            holder, directory.parent)  # fmt: skip
+                said = True
+            time.sleep(0.2)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def _fsync_dir(directory: Path) -> None:

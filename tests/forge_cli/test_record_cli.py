@@ -97,3 +97,48 @@ def test_record_writes_the_rollouts_row(tmp_path: Path, confdir: Path) -> None:
         .fetchall()
     )
     assert row == ("run", "bash", "crashed", 3, ["bash", "-c", "exit 3"])
+
+
+def test_a_sigkilled_launcher_takes_its_proxy_along_and_its_calls_are_stored(
+    tmp_path: Path, confdir: Path
+) -> None:
+    """The proxy runs in its own session, out of reach of a signal to the launcher's
+    group; it notices its parent has gone, stores what it recorded, and exits."""
+    import signal
+    import time
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["OPENAI_API_KEY"] = OPENAI_KEY
+    run = tmp_path / "run"
+    with ScriptedUpstream([{"text": "hi"}]) as up:
+        ask = (
+            f"{sys.executable} -m rl.toy_harness 'say hi' && touch {tmp_path / 'asked'} && sleep 60"
+        )
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "forge_cli.main", "record", "--out", str(run),
+             "--confdir", str(confdir), "--upstream", f"api.openai.com={up.base_url}",
+             "--", "bash", "-c", ask],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "asked").exists():
+                assert time.monotonic() < deadline and launcher.poll() is None
+                time.sleep(0.2)
+            (proxy,) = [
+                p
+                for p in psutil.Process(launcher.pid).children()
+                if any("mitmdump" in part for part in p.cmdline())
+            ]
+            launcher.send_signal(signal.SIGKILL)
+            launcher.wait()
+            proxy.wait(timeout=20)  # psutil.TimeoutExpired if it outlived its launcher
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    # Its one call is in a shard (not left in the write-ahead log for a later run).
+    assert connect(run).execute("SELECT count(*) FROM calls").fetchone() == (1,)
+    assert not [p for p in (run / "wal").glob("*.wal") if p.stat().st_size]

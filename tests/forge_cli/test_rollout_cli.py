@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from pipeline.store import connect
 from tests.support.upstream import ScriptedUpstream
 
@@ -223,6 +225,10 @@ def test_a_killed_run_resumes_without_running_or_losing_any_rollout_twice(
             os.killpg(first.pid, signal.SIGKILL)  # forge, its proxy and the hung harness
             first.wait()
         done = forge(tmp_path, *args[3:], "--resume", "--json")
+    for p in psutil.process_iter(["cmdline"]):  # the hung harness, orphaned by the kill
+        if str(tmp_path / "hung") in " ".join(p.info["cmdline"] or []):
+            for q in [*p.children(recursive=True), p]:
+                q.kill()
     assert done.returncode == 0, done.stderr
     results = {
         r["rollout_id"]: (r["status"], r["reward"]) for r in json.loads(done.stdout)["results"]

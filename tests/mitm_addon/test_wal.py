@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,3 +55,13 @@ def test_segment_files_are_private(tmp_path: Path) -> None:
     log = wal.Wal(tmp_path)
     assert log.path(log.seq).stat().st_mode & 0o077 == 0
     log.close()
+
+
+def test_a_second_proxy_on_a_live_log_waits_then_says_who_holds_it(tmp_path: Path) -> None:
+    first = wal.Wal(tmp_path)
+    with pytest.raises(wal.WalBusy, match=f"pid {os.getpid()}"):
+        wal.Wal(tmp_path, lock_wait_s=0.3)
+    first.close()
+    second = wal.Wal(tmp_path, lock_wait_s=0.3)  # the first let go
+    assert second.seq == first.seq + 1
+    second.close()

@@ -57,7 +57,10 @@ def test_calls_left_in_the_wal_by_a_crash_are_recovered_once(tmp_path: Path) -> 
         crashed.end(c, None)
     in_flight = capture(99)
     crashed.begin(in_flight)
-    # No stop(): the process "dies" here, its worker thread with it.
+    # No stop(): the process "dies" here, its worker thread with it, and the kernel
+    # releases its lock on the log.
+    os.close(crashed.wal._lock_fd)
+    crashed.wal._lock_fd = -1
     recovered = Writer(config, "run-b")
     report = recovered.start()
     recovered.stop()

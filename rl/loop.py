@@ -1,0 +1,279 @@
+"""``forge loop``: collect with the current policy, snapshot, train, publish; repeat.
+
+Each round ``k`` has three phases, each with an output written once:
+
+- collect: the policy (checkpoint ``k``) is served by the embedded policy server, and the
+  task file's rollouts run against it in serve mode into ``OUT/runs/round-k``;
+- snapshot: ``OUT/snapshots/round-k``, immutable (GRPO groups, samples);
+- train: one pass over that snapshot into ``OUT/checkpoints/step-(k+1)``, renamed into
+  place when whole. The next round serves it (the publish step).
+
+``OUT/state.json`` (replaced atomically) records the finished phases. A loop killed at
+any point and started again resumes where it stopped, and trains every rollout once:
+a collect phase resumes its run directory (``forge rollout --resume``: rollouts that
+ended are kept, the others rerun under new ids, so a rollout cut short is never
+trained); a snapshot or checkpoint that exists is the phase's output, never rewritten;
+a half-written checkpoint (its temporary folder) is removed and trained again from
+the same snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "state.json"
+CURVE_FILE = "curve.jsonl"
+PHASES = ("collect", "snapshot", "train")
+
+
+class LoopError(ValueError):
+    """A loop configuration or state that cannot be run."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """One ``forge loop`` configuration (a YAML file; relative paths from its folder)."""
+
+    out: Path
+    """Loop directory: state.json, curve.jsonl, runs/, snapshots/, checkpoints/."""
+    model: Path
+    """The starting policy: a Hugging Face model folder (its forge.json gives its version)."""
+    tasks: Path
+    rounds: int = 1
+    harness: str | None = None
+    n: int = 4
+    """Rollouts per task and round: the GRPO group size."""
+    parallel: int = 4
+    timeout_s: float | None = None
+    serve_max_tokens: int = 0
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """GRPO grouping rules (``forge snapshot --grpo NAME=VALUE``)."""
+    train_args: tuple[str, ...] = ()
+    """More ``forge train`` flags, e.g. ["--lr", "1e-3"] or ["--sft"]."""
+    confdir: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> LoopConfig:
+        import yaml
+
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise LoopError(f"no loop configuration {p}") from None
+        except yaml.YAMLError as e:
+            raise LoopError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise LoopError(f"{p}: expected a mapping of settings")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise LoopError(f"{p}: unknown setting(s) {', '.join(unknown)}; known: {sorted(known)}")
+        for name in ("out", "model", "tasks"):
+            if name not in data:
+                raise LoopError(f"{p}: '{name}' is required")
+        base = p.parent
+
+        def path_of(value: Any) -> Path:
+            q = Path(str(value)).expanduser()
+            return q if q.is_absolute() else (base / q)
+
+        values = dict(data)
+        for name in ("out", "model", "tasks", "confdir"):
+            if values.get(name) is not None:
+                values[name] = path_of(values[name])
+        values["train_args"] = tuple(str(a) for a in values.get("train_args") or ())
+        values["grpo"] = dict(values.get("grpo") or {})
+        try:
+            config = cls(**values)
+        except TypeError as e:
+            raise LoopError(f"{p}: {e}") from None
+        if config.rounds < 1 or config.n < 1 or config.parallel < 1:
+            raise LoopError(f"{p}: rounds, n and parallel must be at least 1")
+        return config
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    policy: str
+    """The checkpoint that collected this round."""
+    policy_version: int
+    done: list[str] = field(default_factory=list)
+    """Finished phases, in order."""
+    rollouts: int = 0
+    mean_reward: float | None = None
+    samples: int = 0
+    checkpoint: str | None = None
+    """The checkpoint this round trained (the next round's policy), or None if it had no
+    samples and the policy carried over unchanged."""
+
+
+@dataclass
+class LoopState:
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, out: Path) -> LoopState:
+        path = out / STATE_FILE
+        if not path.is_file():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls([RoundRecord(**r) for r in data["rounds"]])
+
+    def write(self, out: Path) -> None:
+        """Replace the state file atomically (write, fsync, rename)."""
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".{STATE_FILE}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"rounds": [asdict(r) for r in self.rounds]}, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out / STATE_FILE)
+
+
+def _say(message: str) -> None:
+    print(f"forge loop: {message}", file=sys.stderr, flush=True)
+
+
+def run_loop(
+    config: LoopConfig, after_phase: Callable[[int, str], None] | None = None
+) -> LoopState:
+    """Run (or resume) the loop to ``config.rounds`` rounds; returns the final state.
+    ``after_phase(round, phase)`` is called after each phase is recorded."""
+    from k8s_jobs.tasks import load_tasks
+    from rl.trainer import read_policy_version
+
+    out = config.out
+    tasks = load_tasks(config.tasks)
+    state = LoopState.read(out)
+    if not (config.model / "config.json").is_file():
+        raise LoopError(f"model {config.model} is not a model folder (no config.json)")
+    for k in range(config.rounds):
+        if k < len(state.rounds) and state.rounds[k].done == list(PHASES):
+            continue
+        if k == len(state.rounds):
+            policy = config.model if k == 0 else Path(_next_policy(state.rounds[k - 1]))
+            version = read_policy_version(policy)
+            state.rounds.append(RoundRecord(k, str(policy.resolve()), version))
+            state.write(out)
+        record = state.rounds[k]
+        _say(f"round {k}: policy version {record.policy_version} ({record.policy})")
+        for phase in PHASES:
+            if phase in record.done:
+                continue
+            if phase == "collect":
+                _collect(config, tasks, record)
+            elif phase == "snapshot":
+                _snapshot(config, record)
+            else:
+                _train(config, record)
+            record.done.append(phase)
+            state.write(out)
+            if after_phase is not None:
+                after_phase(k, phase)
+        _append_curve(out, record)
+    return state
+
+
+def _next_policy(previous: RoundRecord) -> str:
+    return previous.checkpoint or previous.policy
+
+
+def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
+    from forge_cli.proxy import DEFAULT_CONFDIR
+    from forge_cli.serve_args import serve_options
+    from k8s_jobs.local import RolloutOptions, run_rollouts
+    from rl.policy.server import PolicyServer, ServerSettings
+
+    run_dir = config.out / "runs" / f"round-{record.round}"
+    policy = Path(record.policy)
+    server = PolicyServer(
+        ServerSettings(model_dir=policy, port=0, policy_version=record.policy_version)
+    ).start()
+    try:
+        extra = serve_options(server.base_url, policy, "all")
+        extra.append(f"forge_serve_max_tokens={config.serve_max_tokens}")
+        started = time.monotonic()
+        summary = run_rollouts(
+            tasks,
+            RolloutOptions(
+                out_dir=run_dir,
+                harness=config.harness,
+                n=config.n,
+                parallel=config.parallel,
+                policy_version=record.policy_version,
+                timeout_s=config.timeout_s,
+                confdir=config.confdir or DEFAULT_CONFDIR,
+                proxy_extra=extra,
+                resume=True,
+            ),
+        )
+    finally:
+        server.stop()
+    record.rollouts = len(summary.results)
+    record.mean_reward = summary.mean_reward
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    _say(
+        f"round {record.round}: {record.rollouts} rollouts in {time.monotonic() - started:.0f} s "
+        f"into {run_dir}; mean reward {mean}"
+    )
+
+
+def _snapshot(config: LoopConfig, record: RoundRecord) -> None:
+    from pipeline.grpo import parse_settings
+    from pipeline.snapshot import read_manifest, write_snapshot
+
+    run_dir = config.out / "runs" / f"round-{record.round}"
+    snap = config.out / "snapshots" / f"round-{record.round}"
+    if not snap.exists():  # else: written before a stop, and never rewritten
+        settings = parse_settings(f"{k}={v}" for k, v in config.grpo.items())
+        write_snapshot(run_dir, snap, group_settings=settings)
+    record.samples = int(read_manifest(snap)["tables"]["samples"]["rows"])
+    _say(f"round {record.round}: snapshot {snap} ({record.samples} samples)")
+
+
+def _train(config: LoopConfig, record: RoundRecord) -> None:
+    from forge_cli.main import main as forge_main
+
+    snap = config.out / "snapshots" / f"round-{record.round}"
+    ckpt = config.out / "checkpoints" / f"step-{record.round + 1}"
+    if record.samples == 0:
+        _say(f"round {record.round}: no samples to train on; the policy carries over")
+        record.checkpoint = None
+        return
+    if not ckpt.exists():  # else: trained before a stop (renamed into place when whole)
+        tmp = ckpt.parent / f".{ckpt.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short
+        args = ["train", "--snapshot", str(snap), "--model", record.policy, "--out", str(tmp)]
+        code = forge_main([*args, "--no-progress", *config.train_args])
+        if code != 0:
+            raise LoopError(f"round {record.round}: forge train failed (exit {code})")
+        os.replace(tmp, ckpt)
+    record.checkpoint = str(ckpt.resolve())
+    _say(f"round {record.round}: trained {ckpt}")
+
+
+def _append_curve(out: Path, record: RoundRecord) -> None:
+    """One line per finished round: the learning curve (mean reward by policy version)."""
+    line = {
+        "round": record.round,
+        "policy_version": record.policy_version,
+        "rollouts": record.rollouts,
+        "mean_reward": record.mean_reward,
+        "samples": record.samples,
+        "trained": record.checkpoint is not None,
+    }
+    curve = out / CURVE_FILE
+    seen = curve.read_text().splitlines() if curve.is_file() else []
+    if not any(json.loads(s)["round"] == record.round for s in seen):
+        with open(curve, "a") as f:
+            f.write(json.dumps(line) + "\n")

@@ -1,0 +1,125 @@
+"""``forge loop``: rounds of serve-mode collection, snapshot and training, resumable after
+kill -9 without losing or training twice any rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.snapshot import read_manifest
+from pipeline.store import connect
+from rl.loop import LoopConfig, LoopError
+
+TASK = {
+    "id": "hello",
+    "instruction": "Create hello.txt containing hi.",
+    "timeout": 120,
+    "verifier": {"command": 'test "$(cat hello.txt 2>/dev/null)" = hi'},
+}
+
+
+def write_config(tmp_path: Path, model: Path, confdir: Path) -> Path:
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(TASK) + "\n")
+    config = {
+        "out": "loop",
+        "model": str(model),
+        "tasks": "tasks.jsonl",
+        "harness": "toy",
+        "rounds": 2,
+        "n": 3,
+        "parallel": 3,
+        "serve_max_tokens": 64,
+        "confdir": str(confdir),
+        # The scripted policy calls `ls` every turn, so every rollout runs out of turns:
+        # counted as failures (reward 0) and kept, each round has samples to train on.
+        "grpo": {"partial": "zero", "zero_spread": "keep"},
+        "train_args": ["--sft", "--lr", "1e-3"],
+    }
+    path = tmp_path / "loop.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+@pytest.mark.slow
+def test_a_loop_killed_mid_round_resumes_and_trains_every_rollout_once(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    config = write_config(tmp_path, tiny_models[1], confdir)
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    cmd = [sys.executable, "-m", "forge_cli.main", "loop", "--config", str(config)]
+    first = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run0 = tmp_path / "loop" / "runs" / "round-0"
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # kill -9 once round 0 has some rollouts ended and others running
+            time.sleep(0.3)
+            assert time.monotonic() < deadline and first.poll() is None
+            if (run0 / "rollouts").is_dir():
+                n = connect(run0).execute("SELECT count(*) FROM rollouts").fetchone()
+                if n is not None and 1 <= n[0] < 3:
+                    break
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    ended_before = {
+        r[0] for r in connect(run0).execute("SELECT rollout_id FROM rollouts").fetchall()
+    }
+
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "loop"
+    state = json.loads((out / "state.json").read_text())["rounds"]
+    assert [r["done"] for r in state] == [["collect", "snapshot", "train"]] * 2
+    assert [r["policy_version"] for r in state] == [0, 1]
+
+    for k in (0, 1):
+        run = connect(out / "runs" / f"round-{k}")
+        ended = dict(run.execute("SELECT rollout_id, task_id FROM rollouts").fetchall())
+        assert len(ended) == 3  # three rollouts per round, none lost, none run twice
+        calls = dict(run.execute("SELECT rollout_id, count(*) FROM calls GROUP BY ALL").fetchall())
+        assert all(calls[r] == 8 for r in ended)  # the toy harness's 8 turns, each once
+        samples = read_manifest(out / "snapshots" / f"round-{k}")["tables"]["samples"]["rows"]
+        assert samples == 24  # the ended rollouts' calls, and only theirs
+        ckpt = json.loads((out / "checkpoints" / f"step-{k + 1}" / "forge.json").read_text())
+        assert ckpt["policy_version"] == k + 1
+        assert ckpt["snapshot"] == str((out / "snapshots" / f"round-{k}").resolve())
+    # The rollouts that ended before the kill were kept, not run again.
+    round0 = connect(run0)
+    assert ended_before <= {
+        r[0] for r in round0.execute("SELECT rollout_id FROM rollouts").fetchall()
+    }
+    assert not list(out.glob("checkpoints/.*"))  # no half-written checkpoint left
+    curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
+    assert [(c["round"], c["policy_version"], c["trained"]) for c in curve] == [
+        (0, 0, True),
+        (1, 1, True),
+    ]
+
+
+def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
+    bad = tmp_path / "loop.yaml"
+    bad.write_text("out: x\nmodel: y\n")
+    with pytest.raises(LoopError, match="'tasks' is required"):
+        LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\nround: 3\n")
+    with pytest.raises(LoopError, match="unknown setting"):
+        LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\nn: 0\n")
+    with pytest.raises(LoopError, match="at least 1"):
+        LoopConfig.load(bad)
+    config = LoopConfig.load(Path("rl/config/demo.yaml"))
+    assert config.rounds == 2 and config.out == Path("rl/config/../../data/loop/demo")
