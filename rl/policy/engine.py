@@ -111,7 +111,9 @@ class Engine:
         else:
             generator.seed()
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # (1, T)
-        out = self.model(input_ids=ids, use_cache=True)
+        # Logits of the last position only: a harness prompt of 20k tokens would otherwise
+        # materialise 20k x vocabulary floats (12 GB for Qwen3).
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         past = out.past_key_values
         logits = out.logits[0, -1].float().cpu()  # (V,)
         tokens: list[int] = []
