@@ -3,6 +3,7 @@ drawn from data, and it is committed without outputs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -96,3 +97,27 @@ def test_without_an_rl_run_the_learning_curve_is_skipped_with_a_reason(
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()  # fmt: skip
     assert [o.output_type for o in curve.outputs] == ["stream"]
     assert f"skipped: no RL run at {tmp_path / 'absent'}" in curve.outputs[0]["text"]
+
+
+@pytest.mark.slow
+def test_a_loops_curve_file_draws_the_learning_curve(
+    demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``forge loop`` writes curve.jsonl, one line per round: the plot reads it."""
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    rounds = [
+        {"round": k, "policy_version": k, "rollouts": 24, "mean_reward": r, "samples": 8,
+         "trained": True}
+        for k, r in enumerate((0.25, 0.4, 0.55))
+    ]  # fmt: skip
+    (loop / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    monkeypatch.setenv("FORGE_DATA", str(demo_run))
+    monkeypatch.setenv("FORGE_RL_DATA", str(loop))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    (curve,) = [c for c in nb.cells if "learning-curve" in c.metadata.get("tags", [])]
+    nb.cells = [setup, curve]
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()  # fmt: skip
+    assert any("image/png" in o.get("data", {}) for o in curve.outputs), curve.outputs
