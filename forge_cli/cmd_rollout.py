@@ -9,7 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import DEFAULT_CONFDIR, ForgeError
+from forge_cli.proxy import (
+    DEFAULT_CONFDIR,
+    ForgeError,
+    add_set_argument,
+    add_upstream_argument,
+)
 from forge_cli.serve_args import add_serve_arguments, serve_extra
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.local import RolloutOptions, run_rollouts, summary_json
@@ -41,13 +46,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--out", type=Path, default=None, help="run directory (default data/runs/rollout-<time>)"
     )
-    p.add_argument(
-        "--upstream",
-        action="append",
-        default=[],
-        metavar="HOST=URL",
-        help="send a provider host to another base URL; repeatable",
-    )
+    add_upstream_argument(p)
     p.add_argument("--model", default=None, help="model for every rollout (default: the harness's)")
     p.add_argument(
         "--policy-version", type=int, default=None, help="policy version the rollouts run with"
@@ -78,14 +77,7 @@ def add_parser(sub: Any) -> None:
         help="finish a stopped run in the same --out: rollouts that ended are kept, the "
         "others run again under new ids",
     )
-    p.add_argument(
-        "--set",
-        dest="extra",
-        action="append",
-        default=[],
-        metavar="OPTION=VALUE",
-        help="any other mitmproxy or forge_ option for the proxy; repeatable",
-    )
+    add_set_argument(p)
     add_serve_arguments(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--list-harnesses", action="store_true", help="list harness templates and exit")

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ADDON = Path(__file__).resolve().parent.parent / "mitm_addon" / "forge_addon.py"
 DEFAULT_CONFDIR = Path("~/.forge/mitmproxy")
@@ -215,3 +216,26 @@ def harness_env(
     if rollout:
         env["FORGE_ROLLOUT_ID"] = rollout
     return env
+
+
+def add_upstream_argument(p: Any) -> None:
+    """--upstream HOST=URL (repeatable), for the commands that start a proxy."""
+    p.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="HOST=URL",
+        help="send a provider host to another base URL; repeatable",
+    )
+
+
+def add_set_argument(p: Any) -> None:
+    """--set OPTION=VALUE (repeatable, into args.extra): any other proxy option."""
+    p.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="any other mitmproxy or forge_ option for the proxy; repeatable",
+    )

@@ -17,6 +17,8 @@ from forge_cli.proxy import (
     DEFAULT_CONFDIR,
     ForgeError,
     ProxySettings,
+    add_set_argument,
+    add_upstream_argument,
     harness_env,
     start_proxy,
     stop_proxy_process,
@@ -42,13 +44,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="rollout id of every call (default: the run directory's name)",
     )
-    p.add_argument(
-        "--upstream",
-        action="append",
-        default=[],
-        metavar="HOST=URL",
-        help="send a provider host to another base URL; repeatable",
-    )
+    add_upstream_argument(p)
     p.add_argument("--hosts", default=None, help="comma-separated LLM hosts to intercept")
     p.add_argument(
         "--other-hosts",
@@ -62,14 +58,7 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_CONFDIR,
         help="mitmproxy directory holding Forge's CA (default ~/.forge/mitmproxy)",
     )
-    p.add_argument(
-        "--set",
-        dest="extra",
-        action="append",
-        default=[],
-        metavar="OPTION=VALUE",
-        help="any other mitmproxy or forge_ option; repeatable",
-    )
+    add_set_argument(p)
     p.add_argument(
         "--transparent",
         action="store_true",
