@@ -18,7 +18,7 @@ from forge_cli.proxy import (
 from forge_cli.serve_args import add_serve_arguments, serve_extra
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.local import RolloutOptions, run_rollouts, summary_json
-from k8s_jobs.outcome import STATUSES, Progress, format_progress
+from k8s_jobs.outcome import STATUSES, ProgressPrinter
 from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import load_tasks
 
@@ -113,26 +113,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-class _ProgressPrinter:
-    """One live line on a terminal; a line per finished rollout otherwise."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self._last_done = -1
-
-    def __call__(self, p: Progress) -> None:
-        line = format_progress(p)
-        if self.tty:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        elif p.done != self._last_done:
-            print(line, file=sys.stderr, flush=True)
-        self._last_done = p.done
-
-    def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     templates = (
         load_harness_config(args.harness_config) if args.harness_config else builtin_harnesses()
@@ -153,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             "the policy's tokenizer and a policy URL reachable from the cluster"
         )
     proxy_extra = list(args.extra) + serve_extra(args)
-    printer = _ProgressPrinter()
+    printer = ProgressPrinter()
     if args.backend == "k8s":
         return run_k8s(args, tasks, out, printer)
     options = RolloutOptions(
@@ -217,9 +197,7 @@ def _api_client(url: str | None) -> Any:
     return client.ApiClient()
 
 
-def run_k8s(
-    args: argparse.Namespace, tasks: list[Any], out: Path, printer: _ProgressPrinter
-) -> int:
+def run_k8s(args: argparse.Namespace, tasks: list[Any], out: Path, printer: ProgressPrinter) -> int:
     """--backend k8s: a Job per rollout through the API server (k8s_jobs.launcher)."""
     from forge_cli.cmd_k8s import settings_from_args
     from k8s_jobs.launcher import LaunchOptions, launch_jobs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,3 +82,23 @@ def format_progress(p: Progress, width: int = 24) -> str:
         f"[{bar}] {p.done}/{p.total} done  {p.running} running  {p.failed} failed"
         f"{retries}  mean reward {mean}"
     )
+
+
+class ProgressPrinter:
+    """One live line on a terminal; a line per finished rollout otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self._last_done = -1
+
+    def __call__(self, p: Progress) -> None:
+        line = format_progress(p)
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif p.done != self._last_done:
+            print(line, file=sys.stderr, flush=True)
+        self._last_done = p.done
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)

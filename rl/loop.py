@@ -84,7 +84,7 @@ class LoopConfig:
 
         def path_of(value: Any) -> Path:
             q = Path(str(value)).expanduser()
-            return q if q.is_absolute() else (base / q)
+            return q if q.is_absolute() else Path(os.path.normpath(base / q))
 
         values = dict(data)
         for name in ("out", "model", "tasks", "confdir"):
@@ -192,6 +192,7 @@ def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
     from forge_cli.proxy import DEFAULT_CONFDIR
     from forge_cli.serve_args import serve_options
     from k8s_jobs.local import RolloutOptions, run_rollouts
+    from k8s_jobs.outcome import ProgressPrinter
     from rl.policy.server import PolicyServer, ServerSettings
 
     run_dir = config.out / "runs" / f"round-{record.round}"
@@ -199,6 +200,7 @@ def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
     server = PolicyServer(
         ServerSettings(model_dir=policy, port=0, policy_version=record.policy_version)
     ).start()
+    printer = ProgressPrinter()
     try:
         extra = serve_options(server.base_url, policy, "all")
         extra.append(f"forge_serve_max_tokens={config.serve_max_tokens}")
@@ -215,9 +217,11 @@ def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
                 confdir=config.confdir or DEFAULT_CONFDIR,
                 proxy_extra=extra,
                 resume=True,
+                on_progress=printer,
             ),
         )
     finally:
+        printer.close()
         server.stop()
     record.rollouts = len(summary.results)
     record.mean_reward = summary.mean_reward

@@ -122,4 +122,4 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(LoopError, match="at least 1"):
         LoopConfig.load(bad)
     config = LoopConfig.load(Path("rl/config/demo.yaml"))
-    assert config.rounds == 2 and config.out == Path("rl/config/../../data/loop/demo")
+    assert config.rounds == 2 and config.out == Path("data/loop/demo")
