@@ -61,8 +61,7 @@ def serve_extra(args: argparse.Namespace) -> list[str]:
         return []
     if args.serve_max_tokens < 0:
         raise ForgeError(f"--serve-max-tokens must be >= 0, got {args.serve_max_tokens}")
-    options = serve_options(args.policy, args.tokenizer, args.serve_models)
-    return [*options, f"forge_serve_max_tokens={args.serve_max_tokens}"]
+    return serve_options(args.policy, args.tokenizer, args.serve_models, args.serve_max_tokens)
 
 
 def _models(policy: str, wait_s: float = WAIT_S) -> bytes:
@@ -84,7 +83,9 @@ def _models(policy: str, wait_s: float = WAIT_S) -> bytes:
             time.sleep(0.5)
 
 
-def serve_options(policy: str | None, tokenizer: Path | None, models: str) -> list[str]:
+def serve_options(
+    policy: str | None, tokenizer: Path | None, models: str = "all", max_tokens: int = 0
+) -> list[str]:
     """The addon options of serve mode; the tokenizer defaults to the policy's model folder."""
     if not policy:
         raise ForgeError("--mode serve needs --policy URL (e.g. http://127.0.0.1:8000)")
@@ -103,4 +104,5 @@ def serve_options(policy: str | None, tokenizer: Path | None, models: str) -> li
         f"forge_policy={policy}",
         f"forge_tokenizer={tokenizer.resolve()}",
         f"forge_serve_models={models}",
+        f"forge_serve_max_tokens={max_tokens}",
     ]

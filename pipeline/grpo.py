@@ -320,9 +320,13 @@ def compute_group_stats(
     return GroupStats(**dict(zip(names, row, strict=True)))
 
 
-def sql_settings(con: duckdb.DuckDBPyConnection, settings: GroupSettings) -> GroupSettings:
-    """The settings as ``grpo_settings`` resolves them (a check that SQL sees the same)."""
-    cursor = con.execute(SETTINGS_SQL, asdict(settings))
+def sql_settings(
+    con: duckdb.DuckDBPyConnection, settings: GroupSettings | None = None
+) -> GroupSettings:
+    """The settings as ``grpo_settings`` resolves them (a check that SQL sees the same);
+    without ``settings``, the ones in force on ``con`` (``apply_settings``, else defaults)."""
+    args = asdict(settings) if settings else {f.name: None for f in fields(GroupSettings)}
+    cursor = con.execute(SETTINGS_SQL, args)
     names = [d[0] for d in cursor.description]
     row = cursor.fetchone()
     assert row is not None

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import store
-from pipeline.grpo import GroupSettings, apply_settings
+from pipeline.grpo import GroupSettings, apply_settings, sql_settings
 from pipeline.samples import SAMPLES, iter_samples
 from pipeline.schema import SCHEMA_VERSION, TABLES
 
@@ -181,14 +181,6 @@ def open_stable(data_dir: Path, attempts: int = 3) -> tuple[duckdb.DuckDBPyConne
             return con, before
         con.close()
     raise RuntimeError(f"shards kept appearing under {data_dir}; stop the writer and retry")
-
-
-def _settings_in_force(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """The GRPO settings the connection's ``groups`` view resolves (variables, defaults)."""
-    cursor = con.execute("SELECT * FROM grpo_settings()")
-    row = cursor.fetchone()
-    assert row is not None
-    return dict(zip([d[0] for d in cursor.description], row, strict=True))
 
 
 def materialize(con: duckdb.DuckDBPyConnection, names: Iterable[str] = MATERIALIZE) -> None:
@@ -335,13 +327,12 @@ def write_snapshot(
     own = con is None
     if con is None:
         con, sources = open_stable(data_dir)
-        if group_settings is not None:
-            apply_settings(con, group_settings)
-        materialize(con)
     else:
-        if group_settings is not None:
-            apply_settings(con, group_settings)
         sources = list_sources(data_dir)
+    if group_settings is not None:
+        apply_settings(con, group_settings)  # before the groups are materialized
+    if own:
+        materialize(con)
     rollouts = None if filters.empty else select_rollouts(con, filters)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -378,7 +369,7 @@ def write_snapshot(
             "forge_version": forge_version(),
             "schema_version": SCHEMA_VERSION,
             "filters": filters.describe(),
-            "grpo": _settings_in_force(con),
+            "grpo": asdict(sql_settings(con)),
             "rollouts": len(rollouts) if rollouts is not None else result.rows["trajectories"],
             "tables": {
                 table: {

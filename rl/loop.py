@@ -202,8 +202,7 @@ def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
     ).start()
     printer = ProgressPrinter()
     try:
-        extra = serve_options(server.base_url, policy, "all")
-        extra.append(f"forge_serve_max_tokens={config.serve_max_tokens}")
+        extra = serve_options(server.base_url, policy, max_tokens=config.serve_max_tokens)
         started = time.monotonic()
         summary = run_rollouts(
             tasks,
