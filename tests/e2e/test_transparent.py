@@ -280,8 +280,13 @@ def confdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _record_argv(
     ns: str, port: int, out: Path, confdir: Path, cmd: list[str], *extra: str
 ) -> list[str]:
+    # As in a container with the default capabilities: root, but no CAP_SYS_PTRACE, so the
+    # kernel hides the harness user's descriptors from the proxy unless it reads them as
+    # that user.
+    no_ptrace = [setpriv, "--bounding-set=-sys_ptrace"] if (setpriv := _which("setpriv")) else []
     return _in_ns(
         ns,
+        *no_ptrace,
         sys.executable,
         "-m",
         "forge_cli.main",
