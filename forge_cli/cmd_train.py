@@ -25,8 +25,30 @@ def add_parser(sub: Any) -> None:
         "JSON lines (and written to OUT/train_metrics.jsonl).",
     )
     p.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
-    p.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
-    p.add_argument("--out", type=Path, required=True, help="new checkpoint folder")
+    p.add_argument(
+        "--model", type=Path, help="Hugging Face model folder (verl: or model.path in --config)"
+    )
+    p.add_argument("--out", type=Path, help="new checkpoint folder (verl: or out in --config)")
+    p.add_argument(
+        "--backend",
+        choices=("embedded", "verl"),
+        default="embedded",
+        help="embedded: this process's torch trainer (the flags below); verl: veRL's FSDP "
+        "training engine, configured by --config and KEY=VALUE overrides (one process, or "
+        "one per GPU under torchrun)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="verl: YAML config (default: rl/config/grpo.yaml)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="verl: config overrides by dotted key, e.g. actor.optim.lr=1e-5",
+    )
     p.add_argument(
         "--sft",
         action="store_true",
@@ -71,6 +93,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "verl":
+        return run_verl(args)
+    if args.config is not None or args.overrides:
+        raise ForgeError("--config and KEY=VALUE overrides are for --backend verl")
+    if args.model is None or args.out is None:
+        raise ForgeError("--model and --out are required")
     from rl import losses, trainer
     from rl.batches import BatchError, read_group_stats, read_samples
 
@@ -103,21 +131,7 @@ def run(args: argparse.Namespace) -> int:
     except (BatchError, ValueError, FileNotFoundError) as e:
         raise ForgeError(str(e)) from None
     if not samples:
-        dropped = ", ".join(
-            f"{int(n)} {key.removeprefix('rollouts/dropped/')}"
-            for key, n in sorted(read_group_stats(args.snapshot).items())
-            if key.startswith("rollouts/dropped/")
-        )
-        raise ForgeError(
-            f"{args.snapshot} holds no samples (no served calls with token ids in included "
-            "GRPO groups); nothing to train"
-            + (
-                f". Rollouts the GRPO rules dropped: {dropped}; more rollouts per task, or "
-                "forge snapshot --grpo zero_spread=keep (or partial=zero), keep them"
-                if dropped
-                else ""
-            )
-        )
+        raise ForgeError(_no_samples(args.snapshot))
     try:
         model = trainer.load_policy(args.model)
         ref = trainer.load_policy(args.model) if args.kl_coef > 0 and not args.sft else None
@@ -160,3 +174,105 @@ def run(args: argparse.Namespace) -> int:
     (out / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     print(f"forge: checkpoint written to {out} (policy version {version + 1})", file=sys.stderr)
     return 0
+
+
+def _no_samples(snapshot: Path) -> str:
+    from rl.batches import read_group_stats
+
+    dropped = ", ".join(
+        f"{int(n)} {key.removeprefix('rollouts/dropped/')}"
+        for key, n in sorted(read_group_stats(snapshot).items())
+        if key.startswith("rollouts/dropped/")
+    )
+    return (
+        f"{snapshot} holds no samples (no served calls with token ids in included "
+        "GRPO groups); nothing to train"
+        + (
+            f". Rollouts the GRPO rules dropped: {dropped}; more rollouts per task, or "
+            "forge snapshot --grpo zero_spread=keep (or partial=zero), keep them"
+            if dropped
+            else ""
+        )
+    )
+
+
+def run_verl(args: argparse.Namespace) -> int:
+    """One GRPO pass of veRL's training engine; rank 0 writes the checkpoint."""
+    from omegaconf import OmegaConf
+
+    from rl import trainer
+    from rl.batches import BatchError, read_group_stats, read_samples
+    from rl.verl_backend import config as vconfig
+
+    if args.sft:
+        raise ForgeError("--sft is the embedded trainer's; veRL's backend trains GRPO/PPO")
+    try:
+        cfg = vconfig.load(args.config, args.overrides)
+    except vconfig.ConfigError as e:
+        raise ForgeError(str(e)) from None
+    model = args.model or (Path(cfg.model.path) if cfg.model.path else None)
+    out = args.out or (Path(cfg.out) if cfg.out else None)
+    if model is None or out is None:
+        raise ForgeError("give --model and --out (or model.path=... and out=...)")
+    if out.exists():
+        raise ForgeError(f"--out {out} exists: checkpoints are never overwritten")
+    if not (model / "config.json").is_file():
+        raise ForgeError(f"--model {model} is not a Hugging Face model folder (no config.json)")
+    try:
+        samples = read_samples(args.snapshot)
+    except (BatchError, FileNotFoundError) as e:
+        raise ForgeError(str(e)) from None
+    if not samples:
+        raise ForgeError(_no_samples(args.snapshot))
+
+    import torch.distributed as dist
+
+    from rl.verl_backend import run as vrun
+
+    version = trainer.read_policy_version(model)
+    started = time.monotonic()
+    try:
+        result = vrun.train(
+            samples, model, cfg, log=lambda msg: print(f"forge: {msg}", file=sys.stderr)
+        )
+    except (vconfig.ConfigError, BatchError) as e:
+        raise ForgeError(str(e)) from None
+    try:
+        if result.state_dict is None:
+            return 0  # not rank 0: rank 0 writes the checkpoint
+        metrics = {
+            "policy_version": version,
+            "backend": "verl",
+            "samples/count": len(samples),
+            **result.metrics,
+            **read_group_stats(args.snapshot),
+        }
+        line = json.dumps(metrics, sort_keys=True)
+        print(line, flush=True)
+        policy = trainer.load_policy(model)
+        policy.load_state_dict(result.state_dict)
+        info = {
+            "parent_policy_version": version,
+            "parent_model": str(model.resolve()),
+            "snapshot": str(args.snapshot.resolve()),
+            "mode": "grpo",
+            "backend": "verl",
+            "processes": result.world_size,
+            "device": result.device,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "samples": len(samples),
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        try:
+            written = trainer.save_checkpoint(policy, out, version + 1, model, info)
+        except FileExistsError as e:
+            raise ForgeError(str(e)) from None
+        (written / "train_metrics.jsonl").write_text(line + "\n")
+        print(
+            f"forge: checkpoint written to {written} (policy version {version + 1})",
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
