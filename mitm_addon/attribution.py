@@ -13,7 +13,10 @@ running as root (transparent capture runs the harness as a user of its own) then
 with the owner's filesystem ids, which ``setfsuid``/``setfsgid`` change for the calling
 thread only. Lookups run on a thread of their own.
 
-Where ``/proc/net/tcp`` does not exist (not Linux), the full psutil scan is used.
+The kernel prints a socket table a page per read and resumes between reads, so a line
+that moved meanwhile can be missed. A port not found in the table (or whose owner was not
+found) gets psutil's full scan, which reads the tables afresh; so does every port where
+``/proc/net/tcp`` does not exist (not Linux).
 """
 
 from __future__ import annotations
@@ -90,13 +93,22 @@ def read_socket_table(proc: Path = _PROC) -> SocketTable | None:
     found = False
     for name in ("tcp", "tcp6"):
         try:
-            text = (proc / "net" / name).read_text()
+            text = _read_whole(proc / "net" / name).decode("ascii", "replace")
         except OSError:
             continue
         found = True
         for port, sockets in parse_tcp_table(text).items():
             table.setdefault(port, []).extend(sockets)
     return table if found else None
+
+
+def _read_whole(path: Path) -> bytes:
+    """A /proc file, read to its end."""
+    chunks = []
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @contextmanager
@@ -278,12 +290,24 @@ class ProcessLookups:
         self.scans += 1
         table = self._table()
         if table is None:
-            try:
-                everyone = socket_owners(self._scan(), self.proxy_pid)
-            except (psutil.Error, OSError) as e:
-                log.debug("cannot list sockets: %s", e)
-                return {}
-            return {port: everyone[port] for port in ports if port in everyone}
+            return self._scan_owners(ports)
+        found = self._table_owners(table, ports)
+        missing = [port for port in ports if port not in found]
+        if missing:
+            # A port the table did not show, or whose owner was not found: psutil's full
+            # scan (a fresh read of the tables and every descriptor) has the last word.
+            found.update(self._scan_owners(missing))
+        return found
+
+    def _scan_owners(self, ports: Sequence[int]) -> dict[int, int]:
+        try:
+            everyone = socket_owners(self._scan(), self.proxy_pid)
+        except (psutil.Error, OSError) as e:
+            log.debug("cannot list sockets: %s", e)
+            return {}
+        return {port: everyone[port] for port in ports if port in everyone}
+
+    def _table_owners(self, table: SocketTable, ports: Sequence[int]) -> dict[int, int]:
         found: dict[int, int] = {}
         for port in ports:
             pid = socket_owner(table.get(port, []), self.proxy_pid, self._recent)

@@ -98,6 +98,14 @@ def test_a_failing_scan_answers_none_and_the_thread_goes_on() -> None:
     assert lookups.submit(1236).cancelled()
 
 
+def test_a_port_missing_from_the_socket_table_is_found_by_the_full_scan(
+    client_ports: list[int],
+) -> None:
+    # A table read can miss a line that moved while the kernel was printing it.
+    lookups = ProcessLookups(proxy_pid=-1, table=lambda: {})
+    assert lookups.owners(client_ports[:3]) == {port: os.getpid() for port in client_ports[:3]}
+
+
 # Two lines of /proc/net/tcp as the kernel prints them: a listener on 127.0.0.1:8080 and a
 # connection from port 51234 to it, owned by uid 1000 (columns after the inode cut short).
 TCP_TEXT = """\
