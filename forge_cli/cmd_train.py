@@ -159,21 +159,39 @@ def run(args: argparse.Namespace) -> int:
     except (BatchError, ValueError, FloatingPointError) as e:
         raise ForgeError(str(e)) from None
     info = {
-        "parent_policy_version": version,
-        "parent_model": str(args.model.resolve()),
-        "snapshot": str(args.snapshot.resolve()),
         "mode": "sft" if args.sft else "grpo",
         "settings": settings.describe(),
         "samples": len(samples),
         "seconds": round(time.monotonic() - started, 3),
     }
+    _save(model, args.out, version, args.model, args.snapshot, info, lines)
+    return 0
+
+
+def _save(
+    policy: Any,
+    out: Path,
+    version: int,
+    parent: Path,
+    snapshot: Path,
+    info: dict[str, Any],
+    lines: list[str],
+) -> None:
+    """Write the checkpoint (policy version + 1) and its metrics; say where."""
+    from rl import trainer
+
+    info = {
+        "parent_policy_version": version,
+        "parent_model": str(parent.resolve()),
+        "snapshot": str(snapshot.resolve()),
+        **info,
+    }
     try:
-        out = trainer.save_checkpoint(model, args.out, version + 1, args.model, info)
+        written = trainer.save_checkpoint(policy, out, version + 1, parent, info)
     except FileExistsError as e:
         raise ForgeError(str(e)) from None
-    (out / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    print(f"forge: checkpoint written to {out} (policy version {version + 1})", file=sys.stderr)
-    return 0
+    (written / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    print(f"forge: checkpoint written to {written} (policy version {version + 1})", file=sys.stderr)
 
 
 def _no_samples(snapshot: Path) -> str:
@@ -231,13 +249,13 @@ def run_verl(args: argparse.Namespace) -> int:
 
     version = trainer.read_policy_version(model)
     started = time.monotonic()
-    try:
-        result = vrun.train(
-            samples, model, cfg, log=lambda msg: print(f"forge: {msg}", file=sys.stderr)
-        )
-    except (vconfig.ConfigError, BatchError) as e:
-        raise ForgeError(str(e)) from None
-    try:
+    try:  # the process group train() joins is left on every way out
+        try:
+            result = vrun.train(
+                samples, model, cfg, log=lambda msg: print(f"forge: {msg}", file=sys.stderr)
+            )
+        except (vconfig.ConfigError, BatchError) as e:
+            raise ForgeError(str(e)) from None
         if result.state_dict is None:
             return 0  # not rank 0: rank 0 writes the checkpoint
         metrics = {
@@ -252,9 +270,6 @@ def run_verl(args: argparse.Namespace) -> int:
         policy = trainer.load_policy(model)
         policy.load_state_dict(result.state_dict)
         info = {
-            "parent_policy_version": version,
-            "parent_model": str(model.resolve()),
-            "snapshot": str(args.snapshot.resolve()),
             "mode": "grpo",
             "backend": "verl",
             "processes": result.world_size,
@@ -263,15 +278,7 @@ def run_verl(args: argparse.Namespace) -> int:
             "samples": len(samples),
             "seconds": round(time.monotonic() - started, 3),
         }
-        try:
-            written = trainer.save_checkpoint(policy, out, version + 1, model, info)
-        except FileExistsError as e:
-            raise ForgeError(str(e)) from None
-        (written / "train_metrics.jsonl").write_text(line + "\n")
-        print(
-            f"forge: checkpoint written to {written} (policy version {version + 1})",
-            file=sys.stderr,
-        )
+        _save(policy, out, version, model, args.snapshot, info, [line])
         return 0
     finally:
         if dist.is_initialized():

@@ -93,22 +93,13 @@ def read_socket_table(proc: Path = _PROC) -> SocketTable | None:
     found = False
     for name in ("tcp", "tcp6"):
         try:
-            text = _read_whole(proc / "net" / name).decode("ascii", "replace")
+            text = (proc / "net" / name).read_bytes().decode("ascii", "replace")
         except OSError:
             continue
         found = True
         for port, sockets in parse_tcp_table(text).items():
             table.setdefault(port, []).extend(sockets)
     return table if found else None
-
-
-def _read_whole(path: Path) -> bytes:
-    """A /proc file, read to its end."""
-    chunks = []
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(1 << 20):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @contextmanager
@@ -162,8 +153,8 @@ def _holds_socket(pid: int, links: set[str]) -> bool:
     return bool(as_owner(pid, read))
 
 
-def _pids(uid: int | None = None) -> Iterator[int]:
-    """Pids of live processes (of effective uid ``uid`` when given), newest first.
+def _pids(uid: int) -> Iterator[int]:
+    """Pids of live processes of effective uid ``uid``, newest first.
 
     A harness's client has usually just started, so it comes early.
     """
@@ -174,29 +165,26 @@ def _pids(uid: int | None = None) -> Iterator[int]:
         return
     entries.sort(key=lambda e: int(e.name), reverse=True)
     for entry in entries:
-        if uid is not None:
-            try:
-                if entry.stat().st_uid != uid:
-                    continue
-            except OSError:
+        try:
+            if entry.stat().st_uid != uid:
                 continue
+        except OSError:
+            continue
         yield int(entry.name)
 
 
-def socket_owner(
-    sockets: Sequence[Socket], skip_pid: int, first: Iterable[int] = ()
-) -> int | None:
+def socket_owner(sockets: Sequence[Socket], skip_pid: int, first: Iterable[int] = ()) -> int | None:
     """The process (not ``skip_pid``) holding one of ``sockets``.
 
-    Tried in order: ``first``, the processes of each socket's uid, then every process (a
-    socket can outlive a change of its process's uid).
+    Tried in order: ``first``, then the processes of each socket's uid (a socket that
+    outlived a change of its process's uid is left to the full scan).
     """
     if not sockets:
         return None
     links = {f"socket:[{s.inode}]" for s in sockets}
     uids = list(dict.fromkeys(s.uid for s in sockets))
     tried = {skip_pid}
-    for pid in chain(first, *(_pids(uid) for uid in uids), _pids()):
+    for pid in chain(first, *(_pids(uid) for uid in uids)):
         if pid in tried:
             continue
         tried.add(pid)

@@ -12,7 +12,6 @@ weights across them) and rank 0 writes the checkpoint.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from forge_cli.proxy import free_port
 from rl.batches import Sample
 from rl.verl_backend import config as vconfig
 from rl.verl_backend.dataproto import to_dataproto
@@ -40,12 +40,6 @@ class VerlResult:
     device: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _init_distributed(cuda: bool) -> tuple[int, int]:
     """Join the process group ``torchrun`` described, or make one of world size 1."""
     if not dist.is_initialized():
@@ -56,7 +50,7 @@ def _init_distributed(cuda: bool) -> tuple[int, int]:
                 WORLD_SIZE="1",
                 LOCAL_WORLD_SIZE="1",
                 MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(_free_port()),
+                MASTER_PORT=str(free_port()),
             )
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from forge_cli.proxy import free_port
 from rl import trainer
 from rl.batches import SAMPLES_FILE, collate, read_samples
 from rl.verl_backend import config as vconfig
@@ -138,13 +138,23 @@ def _assert_same_step(
     assert moved > 5e-3 and apart < 1e-3, (moved, apart)
 
 
-def test_verl_takes_the_embedded_trainers_step_from_the_same_logprobs(
+@pytest.fixture
+def own_logprobs(
     snapshot_dir: Path,  # noqa: F811
     tiny_model_dir: Path,  # noqa: F811
     tmp_path: Path,
-) -> None:
+) -> tuple[Path, list[Any]]:
+    """A copy of the snapshot whose samples carry the tiny model's own logprobs."""
     snap = tmp_path / "snap"
-    samples = _with_true_logprobs(snapshot_dir, tiny_model_dir, snap)
+    return snap, _with_true_logprobs(snapshot_dir, tiny_model_dir, snap)
+
+
+def test_verl_takes_the_embedded_trainers_step_from_the_same_logprobs(
+    own_logprobs: tuple[Path, list[Any]],
+    tiny_model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    snap, samples = own_logprobs
     out = tmp_path / "step-1"
     metrics = _forge_train_verl([sys.executable], snap, tiny_model_dir, out)
     # veRL recomputed the logprobs of the converted samples: they are the model's own, token
@@ -160,18 +170,14 @@ def test_verl_takes_the_embedded_trainers_step_from_the_same_logprobs(
 
 @pytest.mark.slow
 def test_two_fsdp_processes_under_torchrun_take_the_same_step_as_one(
-    snapshot_dir: Path,  # noqa: F811
+    own_logprobs: tuple[Path, list[Any]],
     tiny_model_dir: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    snap = tmp_path / "snap"
-    samples = _with_true_logprobs(snapshot_dir, tiny_model_dir, snap)
+    snap, samples = own_logprobs
     out = tmp_path / "step-1"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     metrics = _forge_train_verl(torchrun, snap, tiny_model_dir, out)
     assert json.loads((out / "forge.json").read_text())["processes"] == 2
     _assert_same_step(out, tiny_model_dir, metrics, samples)
