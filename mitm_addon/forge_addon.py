@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from mitm_addon.writer import Writer
 
 log = logging.getLogger(__name__)
 _PARENT_POLL_S = 0.5
+_LOOKUP_WAIT_S = 2.0  # the longest a first request waits for its client's process lookup
 
 # WebSocket server messages that end one Responses call (checked on a message's head).
 _WS_TERMINAL = re.compile(
@@ -373,6 +375,16 @@ class ForgeAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         self._conn_rollout.pop(client.id, None)
         self._conn_process.pop(client.id, None)
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # The lookup needs the client's socket to exist: a client that sends one request and
+        # closes as soon as it has the answer (the OpenAI SDK after a stream's [DONE]) can be
+        # gone before a lookup that lagged (a busy proxy) reads /proc. Hold the connection's
+        # first request until its lookup is done; later requests find it done.
+        process = self._conn_process.get(flow.client_conn.id)
+        if process is not None and not process.done():
+            with contextlib.suppress(asyncio.TimeoutError, concurrent.futures.CancelledError):
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(process)), _LOOKUP_WAIT_S)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
