@@ -31,11 +31,18 @@ from rl.batches import Batch, Sample, collate, group_stats, split_micro_batches
 logger = logging.getLogger(__name__)
 
 FORGE_JSON = "forge.json"
+OPTIMIZER_FILE = "optimizer.pt"  # the AdamW state, with --keep-optimizer
 # Files of a model folder that belong to its weights (rewritten by save_pretrained);
 # everything else (tokenizer, chat template, generation config) is copied to a checkpoint.
 # Metrics that are already normalised by the mini-batch (they add over micro-batches).
 _SUMMED = frozenset({"loss/pg", "loss/kl", "loss/total", "loss/sft"})
-_WEIGHT_FILES = ("config.json", FORGE_JSON, "model.safetensors", "model.safetensors.index.json")
+_WEIGHT_FILES = (
+    "config.json",
+    FORGE_JSON,
+    OPTIMIZER_FILE,
+    "model.safetensors",
+    "model.safetensors.index.json",
+)
 
 
 @dataclass(frozen=True)
@@ -78,20 +85,48 @@ class TrainSettings:
         return asdict(self)
 
 
+# Causal LMs whose logits are just the output projection of the decoder's last hidden
+# state (no scaling or soft-capping): their head can run on the trained rows alone.
+_PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+
+
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """(B, T) logprob of each token given the ones before it; 0 at position 0 and padding."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    b, t, v = logits.shape
-    # Position j predicts token j+1 (the last predicts nothing: ignored), as Hugging Face's
-    # own causal-LM loss shifts its labels: rows of (B*T, V), the vocabulary contiguous and
-    # no copy of logits[:, :-1]. Cross-entropy over the transposed (B, V, T-1) made the
-    # whole step 2.3x slower on CPU with Qwen3's 152k vocabulary (bench/bench_train.py).
-    labels = F.pad(batch.input_ids[:, 1:], (0, 1), value=-100)  # (B, T)
-    lp = -F.cross_entropy(
-        logits.float().reshape(b * t, v), labels.reshape(-1), ignore_index=-100, reduction="none"
-    ).view(b, t)
-    lp = lp[:, :-1] * batch.attention_mask[:, 1:]  # (B, T-1): tokens 1..T-1
-    return F.pad(lp, (1, 0))
+    """(B, T) logprob of each trained token given the ones before it; 0 elsewhere.
+
+    Only positions whose next token is in the loss mask get logits: an agent's sample is
+    mostly prompt and tool output, and Qwen3's 152k-word head over every position was most
+    of a step's time and memory. For the plain-head models of ``_PLAIN_HEAD`` the head runs
+    on exactly those rows; for others, on the positions trained in any sample of the batch
+    (the model's own ``logits_to_keep``, so its own logit processing applies).
+    """
+    b, t = batch.input_ids.shape
+    trained = batch.loss_mask[:, 1:] > 0  # (B, T-1): position j predicts token j+1
+    out = torch.zeros(b, t, dtype=torch.float32, device=batch.input_ids.device)
+    if not bool(trained.any()):
+        return out
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) in _PLAIN_HEAD:
+        hidden = model.get_decoder()(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        ).last_hidden_state  # (B, T, H)
+        logits = model.get_output_embeddings()(hidden[:, :-1][trained])  # (N, V)
+        labels = batch.input_ids[:, 1:][trained]  # (N,)
+        lp = -F.cross_entropy(logits.float(), labels, reduction="none")
+        out = out.to(lp.dtype)
+        out[:, 1:][trained] = lp
+        return out
+    keep = torch.nonzero(trained.any(dim=0)).squeeze(1)  # (K,)
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+    ).logits  # (B, K, V)
+    k, v = keep.numel(), logits.shape[-1]
+    labels = batch.input_ids[:, keep + 1]  # (B, K)
+    # Rows of (B*K, V), the vocabulary contiguous: cross-entropy over a transposed
+    # (B, V, K) made the whole step 2.3x slower on CPU (bench/bench_train.py).
+    lp = -F.cross_entropy(logits.float().reshape(b * k, v), labels.reshape(-1), reduction="none")
+    out = out.to(lp.dtype)
+    out[:, keep + 1] = lp.view(b, k)
+    return out * batch.loss_mask
 
 
 def with_old_logprobs(model: torch.nn.Module, batch: Batch, recompute_all: bool) -> Batch:
@@ -181,8 +216,10 @@ def train(
     on_step: Callable[[dict[str, float]], None] | None = None,
     progress: bool = False,
     snapshot_stats: dict[str, float] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> list[dict[str, float]]:
-    """Optimizer steps over ``samples``: ``epochs`` x mini-batches. Returns each step's
+    """Optimizer steps over ``samples``: ``epochs`` x mini-batches, with ``optimizer``
+    (default: a fresh ``make_optimizer``). Returns each step's
     metrics (also passed to ``on_step``), each with ``step`` and the sample statistics
     (``snapshot_stats``, e.g. ``read_group_stats``, add to and override them)."""
     if not samples:
@@ -190,11 +227,8 @@ def train(
     check_vocabulary(samples, int(model.config.vocab_size))
     torch.manual_seed(settings.seed)
     pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-    )
+    if optimizer is None:
+        optimizer = make_optimizer(model, settings)
     plan = [
         [
             collate(chunk, pad_id)
@@ -237,6 +271,33 @@ def train(
     return history
 
 
+def make_optimizer(
+    model: torch.nn.Module, settings: TrainSettings, state_from: Path | None = None
+) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, continuing the state saved in ``state_from``
+    (a checkpoint folder's ``optimizer.pt``) when there is one.
+
+    A fresh AdamW's first step moves every parameter with a gradient by about the learning
+    rate, whatever the gradient's size (its moments start at zero): one-step rounds of
+    ``forge loop`` with a fresh optimizer each take that step every round. The saved
+    state's learning rate and weight decay are replaced by ``settings``'.
+    """
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+    )
+    path = None if state_from is None else Path(state_from) / OPTIMIZER_FILE
+    if path is not None and path.is_file():
+        try:
+            optimizer.load_state_dict(torch.load(path, weights_only=True))
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"{path} does not fit this model's parameters: {e}") from None
+        for group in optimizer.param_groups:
+            group["lr"], group["weight_decay"] = settings.lr, settings.weight_decay
+    return optimizer
+
+
 def _progress(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
@@ -272,6 +333,7 @@ def save_checkpoint(
     policy_version: int,
     source: str | Path | None = None,
     info: dict[str, Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Path:
     """Write ``model`` to the new folder ``out`` with ``forge.json`` (policy version, info).
 
@@ -295,6 +357,8 @@ def save_checkpoint(
                     if path.suffix in (".safetensors", ".bin", ".pt"):
                         continue
                     shutil.copy2(path, tmp / path.name)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         meta = {"policy_version": int(policy_version), **(info or {})}
         (tmp / FORGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for path in tmp.iterdir():

@@ -217,3 +217,45 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_any_step(tiny_model
     with pytest.raises(ValueError, match="outside the model's vocabulary of 48"):
         train(tiny_model, [*make_samples(2), bad], TrainSettings(lr=1e-2))
     assert all(torch.equal(v, before[k]) for k, v in tiny_model.state_dict().items())
+
+
+@pytest.mark.parametrize("plain_head", [True, False], ids=["trained-rows", "logits-to-keep"])
+def test_logprobs_of_trained_tokens_equal_a_full_forward_and_carry_gradients(
+    tiny_model: Any, plain_head: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rl.trainer
+
+    if not plain_head:  # the path of models whose logits are more than the head's output
+        monkeypatch.setattr(rl.trainer, "_PLAIN_HEAD", frozenset())
+    samples = make_samples(6, seed=5)
+    batch = collate(samples)
+    lp = token_logprobs(tiny_model, batch)
+    expected = reference_logprobs(tiny_model, samples) * batch.loss_mask
+    assert torch.allclose(lp.detach(), expected, atol=1e-5)
+    assert bool((lp.detach()[batch.loss_mask == 0] == 0).all())
+    lp.sum().backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_a_kept_optimizer_continues_in_the_next_training_run(
+    tiny_model: Any, tmp_path: Path
+) -> None:
+    from rl.trainer import OPTIMIZER_FILE, make_optimizer, save_checkpoint, train
+
+    samples = make_samples(4, seed=3)
+    first = TrainSettings(lr=1e-3)
+    optimizer = make_optimizer(tiny_model, first)
+    train(tiny_model, samples, first, optimizer=optimizer)
+    ckpt = save_checkpoint(tiny_model, tmp_path / "step-1", 1, optimizer=optimizer)
+    assert (ckpt / OPTIMIZER_FILE).is_file()
+    again = make_optimizer(tiny_model, TrainSettings(lr=5e-4, weight_decay=0.0), ckpt)
+    saved, loaded = optimizer.state_dict(), again.state_dict()
+    assert saved["state"].keys() == loaded["state"].keys() and saved["state"]
+    for k, v in saved["state"].items():
+        assert torch.equal(v["exp_avg_sq"], loaded["state"][k]["exp_avg_sq"])
+        assert float(v["step"]) == float(loaded["state"][k]["step"]) == 1.0
+    # This run's settings, not the saved ones.
+    assert again.param_groups[0]["lr"] == 5e-4 and again.param_groups[0]["weight_decay"] == 0.0
+    fresh = make_optimizer(tiny_model, first, tmp_path)  # a folder without optimizer.pt
+    assert not fresh.state_dict()["state"]
