@@ -24,7 +24,14 @@ def add_parser(sub: Any) -> None:
         "forge.json records the policy version (the input's + 1). Metrics are printed as "
         "JSON lines (and written to OUT/train_metrics.jsonl).",
     )
-    p.add_argument("--snapshot", type=Path, required=True, help="snapshot directory")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--snapshot", type=Path, help="snapshot directory")
+    source.add_argument(
+        "--chats",
+        type=Path,
+        help="--sft only: chat examples written by `forge export sft` (a run recorded "
+        "against a provider), tokenized with --model's chat template as serve mode would",
+    )
     p.add_argument(
         "--model", type=Path, help="Hugging Face model folder (verl: or model.path in --config)"
     )
@@ -48,6 +55,13 @@ def add_parser(sub: Any) -> None:
         nargs="*",
         metavar="KEY=VALUE",
         help="verl: config overrides by dotted key, e.g. actor.optim.lr=1e-5",
+    )
+    p.add_argument(
+        "--keep-optimizer",
+        action="store_true",
+        help="save the AdamW state in the checkpoint (optimizer.pt), and continue --model's "
+        "saved state when it has one: forge loop's one-step rounds then run one optimizer, "
+        "instead of a fresh AdamW whose first step moves every weight by about the lr",
     )
     p.add_argument(
         "--sft",
@@ -104,8 +118,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out.exists():
         raise ForgeError(f"--out {args.out} exists: checkpoints are never overwritten")
+    if args.chats is not None and not args.sft:
+        raise ForgeError("--chats holds text, without sampling logprobs: it trains --sft only")
     try:
-        samples = read_samples(args.snapshot)
+        if args.chats is not None:
+            from rl.sft_data import read_chat_samples
+
+            samples = read_chat_samples(args.chats, args.model)
+        else:
+            samples = read_samples(args.snapshot)
         loss = losses.LossSettings(
             loss_mode=args.loss_mode,
             loss_agg_mode=args.loss_agg_mode,
@@ -131,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     except (BatchError, ValueError, FileNotFoundError) as e:
         raise ForgeError(str(e)) from None
     if not samples:
-        raise ForgeError(_no_samples(args.snapshot))
+        raise ForgeError(
+            f"{args.chats} holds no assistant turns" if args.chats else _no_samples(args.snapshot)
+        )
     try:
         model = trainer.load_policy(args.model)
         ref = trainer.load_policy(args.model) if args.kl_coef > 0 and not args.sft else None
@@ -147,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
+        optimizer = trainer.make_optimizer(
+            model, settings, args.model if args.keep_optimizer else None
+        )
         trainer.train(
             model,
             samples,
@@ -154,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
             ref,
             on_step=emit,
             progress=not args.no_progress,
-            snapshot_stats=read_group_stats(args.snapshot),
+            snapshot_stats=read_group_stats(args.snapshot) if args.snapshot else None,
+            optimizer=optimizer,
         )
     except (BatchError, ValueError, FloatingPointError) as e:
         raise ForgeError(str(e)) from None
@@ -164,7 +191,10 @@ def run(args: argparse.Namespace) -> int:
         "samples": len(samples),
         "seconds": round(time.monotonic() - started, 3),
     }
-    _save(model, args.out, version, args.model, args.snapshot, info, lines)
+    if args.keep_optimizer:
+        info["optimizer_continued"] = (args.model / trainer.OPTIMIZER_FILE).is_file()
+    kept = optimizer if args.keep_optimizer else None
+    _save(model, args.out, version, args.model, args.snapshot or args.chats, info, lines, kept)
     return 0
 
 
@@ -176,6 +206,7 @@ def _save(
     snapshot: Path,
     info: dict[str, Any],
     lines: list[str],
+    optimizer: Any = None,
 ) -> None:
     """Write the checkpoint (policy version + 1) and its metrics; say where."""
     from rl import trainer
@@ -187,7 +218,7 @@ def _save(
         **info,
     }
     try:
-        written = trainer.save_checkpoint(policy, out, version + 1, parent, info)
+        written = trainer.save_checkpoint(policy, out, version + 1, parent, info, optimizer)
     except FileExistsError as e:
         raise ForgeError(str(e)) from None
     (written / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))
@@ -224,6 +255,10 @@ def run_verl(args: argparse.Namespace) -> int:
 
     if args.sft:
         raise ForgeError("--sft is the embedded trainer's; veRL's backend trains GRPO/PPO")
+    if args.chats is not None:
+        raise ForgeError("--chats is for the embedded trainer's --sft; veRL trains snapshots")
+    if args.keep_optimizer:
+        raise ForgeError("--keep-optimizer is the embedded trainer's (veRL's engine keeps its own)")
     try:
         cfg = vconfig.load(args.config, args.overrides)
     except vconfig.ConfigError as e:

@@ -66,6 +66,10 @@ class Renderer:
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
         return self.encode(self._text(messages, tools, generation=True))
 
+    def render_full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
+        """The conversation as a whole, without a generation prompt (its last turn ended)."""
+        return self.encode(self._text(messages, tools, generation=False))
+
     def render_continuation(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], after_eos: bool
     ) -> list[int]:
