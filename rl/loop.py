@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import sys
 import time
@@ -59,6 +60,12 @@ class LoopConfig:
     train_args: tuple[str, ...] = ()
     """More ``forge train`` flags, e.g. ["--lr", "1e-3"] or ["--sft"]."""
     confdir: Path | None = None
+    split: str | None = None
+    """Only the tasks whose ``metadata.split`` is this (e.g. ``train``)."""
+    tasks_per_round: int | None = None
+    """A seeded sample of this many tasks each round (None: every task, every round)."""
+    seed: int = 0
+    """Seeds each round's task sample (round k's sample depends on seed and k only)."""
 
     @classmethod
     def load(cls, path: str | Path) -> LoopConfig:
@@ -98,6 +105,8 @@ class LoopConfig:
             raise LoopError(f"{p}: {e}") from None
         if config.rounds < 1 or config.n < 1 or config.parallel < 1:
             raise LoopError(f"{p}: rounds, n and parallel must be at least 1")
+        if config.tasks_per_round is not None and config.tasks_per_round < 1:
+            raise LoopError(f"{p}: tasks_per_round must be at least 1")
         return config
 
 
@@ -153,7 +162,7 @@ def run_loop(
     from rl.trainer import read_policy_version
 
     out = config.out
-    tasks = load_tasks(config.tasks)
+    tasks = select_split(load_tasks(config.tasks), config.split)
     state = LoopState.read(out)
     if not (config.model / "config.json").is_file():
         raise LoopError(f"model {config.model} is not a model folder (no config.json)")
@@ -171,7 +180,7 @@ def run_loop(
             if phase in record.done:
                 continue
             if phase == "collect":
-                _collect(config, tasks, record)
+                _collect(config, round_tasks(tasks, config, k), record)
             elif phase == "snapshot":
                 _snapshot(config, record)
             else:
@@ -188,40 +197,90 @@ def _next_policy(previous: RoundRecord) -> str:
     return previous.checkpoint or previous.policy
 
 
-def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
+def select_split(tasks: list[Any], split: str | None) -> list[Any]:
+    """The tasks of one split (``metadata.split``); all of them for None."""
+    if split is None:
+        return tasks
+    chosen = [t for t in tasks if t.metadata.get("split") == split]
+    if not chosen:
+        splits = sorted({str(t.metadata.get("split")) for t in tasks})
+        raise LoopError(f"no task has split {split!r} (splits: {', '.join(splits)})")
+    return chosen
+
+
+def round_tasks(tasks: list[Any], config: LoopConfig, k: int) -> list[Any]:
+    """Round ``k``'s tasks: every task, or a sample that depends on the seed and ``k``
+    only, so that a resumed round collects the same tasks."""
+    if config.tasks_per_round is None or config.tasks_per_round >= len(tasks):
+        return tasks
+    return random.Random(f"{config.seed}:{k}").sample(tasks, config.tasks_per_round)
+
+
+def serve_and_run(
+    policy: Path,
+    policy_version: int,
+    tasks: list[Any],
+    run_dir: Path,
+    *,
+    harness: str | None,
+    n: int,
+    parallel: int,
+    serve_max_tokens: int = 0,
+    timeout_s: float | None = None,
+    confdir: Path | None = None,
+    progress: bool = True,
+) -> Any:
+    """Serve ``policy`` with the embedded policy server and run ``tasks`` x ``n`` against
+    it in serve mode into ``run_dir`` (resumed if it holds a stopped run). Returns the
+    rollout runner's ``RunSummary``."""
     from forge_cli.proxy import DEFAULT_CONFDIR
     from forge_cli.serve_args import serve_options
     from k8s_jobs.local import RolloutOptions, run_rollouts
     from k8s_jobs.outcome import ProgressPrinter
     from rl.policy.server import PolicyServer, ServerSettings
 
-    run_dir = config.out / "runs" / f"round-{record.round}"
-    policy = Path(record.policy)
     server = PolicyServer(
-        ServerSettings(model_dir=policy, port=0, policy_version=record.policy_version)
+        ServerSettings(model_dir=policy, port=0, policy_version=policy_version)
     ).start()
-    printer = ProgressPrinter()
+    printer = ProgressPrinter() if progress else None
     try:
-        extra = serve_options(server.base_url, policy, max_tokens=config.serve_max_tokens)
-        started = time.monotonic()
-        summary = run_rollouts(
+        extra = serve_options(server.base_url, policy, max_tokens=serve_max_tokens)
+        return run_rollouts(
             tasks,
             RolloutOptions(
                 out_dir=run_dir,
-                harness=config.harness,
-                n=config.n,
-                parallel=config.parallel,
-                policy_version=record.policy_version,
-                timeout_s=config.timeout_s,
-                confdir=config.confdir or DEFAULT_CONFDIR,
+                harness=harness,
+                n=n,
+                parallel=parallel,
+                policy_version=policy_version,
+                timeout_s=timeout_s,
+                confdir=confdir or DEFAULT_CONFDIR,
                 proxy_extra=extra,
                 resume=True,
                 on_progress=printer,
             ),
         )
     finally:
-        printer.close()
+        if printer is not None:
+            printer.close()
         server.stop()
+
+
+def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
+    run_dir = config.out / "runs" / f"round-{record.round}"
+    started = time.monotonic()
+    summary = serve_and_run(
+        Path(record.policy),
+        record.policy_version,
+        tasks,
+        run_dir,
+        harness=config.harness,
+        n=config.n,
+        parallel=config.parallel,
+        serve_max_tokens=config.serve_max_tokens,
+        timeout_s=config.timeout_s,
+        confdir=config.confdir,
+    )
     record.rollouts = len(summary.results)
     record.mean_reward = summary.mean_reward
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"

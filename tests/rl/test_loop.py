@@ -123,3 +123,25 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
         LoopConfig.load(bad)
     config = LoopConfig.load(Path("rl/config/demo.yaml"))
     assert config.rounds == 2 and config.out == Path("data/loop/demo")
+
+
+def test_each_round_samples_its_tasks_from_the_split_by_seed_and_round(tmp_path: Path) -> None:
+    from k8s_jobs.tasks import load_tasks
+    from rl.demo_tasks import DEFAULT_OUT
+    from rl.loop import round_tasks, select_split
+
+    train = select_split(load_tasks(DEFAULT_OUT), "train")
+    assert len(train) == 240 and all(t.metadata["split"] == "train" for t in train)
+    config = LoopConfig(out=tmp_path, model=tmp_path, tasks=DEFAULT_OUT, tasks_per_round=6)
+    first = [t.id for t in round_tasks(train, config, 0)]
+    assert len(set(first)) == 6
+    assert first == [t.id for t in round_tasks(train, config, 0)]  # a resumed round: the same
+    assert first != [t.id for t in round_tasks(train, config, 1)]
+    other_seed = LoopConfig(
+        out=tmp_path, model=tmp_path, tasks=DEFAULT_OUT, tasks_per_round=6, seed=1
+    )
+    assert first != [t.id for t in round_tasks(train, other_seed, 0)]
+    everyone = LoopConfig(out=tmp_path, model=tmp_path, tasks=DEFAULT_OUT)
+    assert round_tasks(train, everyone, 3) == train
+    with pytest.raises(LoopError, match="no task has split 'test'"):
+        select_split(train, "test")
