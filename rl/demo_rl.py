@@ -1,0 +1,308 @@
+"""``make demo-rl``: a model trained inside the toy harness gets better at its tasks.
+
+The recipe, once per seed, on CPU:
+
+1. expert: a scripted provider (``ExpertScript``) drives the ``toy`` harness through
+   ``forge rollout`` in record mode over the train tasks of ``data/tasks/demo-rl.jsonl``.
+   It is a sloppy expert: it runs the task's script only ``--expert-accuracy`` of the
+   time and otherwise reads it, dry-runs it or lists the directory, then says it is done
+   (recorded once, shared by the seeds);
+2. SFT: a tiny Qwen3 built from a config (the real Qwen3 tokenizer, seeded weights) is
+   trained on those recordings with ``forge train --sft``: it copies the expert's
+   habits, the bad ones too;
+3. held-out success of the SFT policy: the held-out tasks, the policy served by
+   ``forge serve-policy``'s engine, the harness in serve mode;
+4. RL: ``forge loop`` rounds (a sample of train tasks x a GRPO group, snapshot, one
+   GRPO step, publish the checkpoint);
+5. held-out success of the RL policy, measured as in 3.
+
+It ends with ``held-out success: sft=NN.N% sft+rl=NN.N% seeds=S`` (means over seeds)
+and writes ``results.json``, ``results.md`` and ``curve.png`` (mean reward by round)
+under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl.demo_tasks import DEFAULT_OUT as DEFAULT_TASKS
+
+RIGHT = "bash task.sh"
+SLOPPY = ("cat task.sh", "bash task.sh --dry-run", "ls")
+
+
+class ExpertScript:
+    """The scripted provider's replies: one shell command, then "Done.".
+
+    Whether the command is the right one is a seeded coin per task instruction, so the
+    recording does not depend on the order rollouts run in.
+    """
+
+    def __init__(self, accuracy: float, seed: int) -> None:
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError("expert accuracy must lie in [0, 1]")
+        self.accuracy = accuracy
+        self.seed = seed
+
+    def command(self, instruction: str) -> str:
+        r = random.Random(f"{self.seed}:{instruction}")
+        return RIGHT if r.random() < self.accuracy else r.choice(SLOPPY)
+
+    def __call__(self, conv: Any) -> Any:
+        if conv.tool_results == 0:
+            user = next((m for m in conv.history if m.get("role") == "user"), {})
+            command = self.command(str(user.get("content", "")))
+            return {"tool_call": {"name": "shell", "arguments": {"command": command}}}
+        return {"text": "Done."}
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    sft: float
+    rl: float
+    curve: list[float | None] = field(default_factory=list)
+    """Mean reward of each RL round's rollouts (train tasks)."""
+    seconds: float = 0.0
+
+
+def _say(message: str) -> None:
+    print(f"forge demo-rl: {message}", file=sys.stderr, flush=True)
+
+
+def _forge(*args: str, log: Path | None = None) -> None:
+    """Run a forge command in this process; its standard output goes to ``log`` if given."""
+    from forge_cli.main import main as forge_main
+
+    _say(f"$ forge {' '.join(args)}" + (f"  > {log}" if log else ""))
+    if log is None:
+        code = forge_main(list(args))
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f, contextlib.redirect_stdout(f):
+            code = forge_main(list(args))
+    if code != 0:
+        raise SystemExit(f"forge demo-rl: `forge {args[0]}` failed (exit {code})")
+
+
+def record_expert(
+    tasks: list[Any], out: Path, accuracy: float, seed: int, parallel: int, confdir: Path | None
+) -> Path:
+    """Record the expert over ``tasks`` (one rollout each); export its chats for SFT."""
+    from k8s_jobs.local import RolloutOptions, run_rollouts
+    from k8s_jobs.outcome import ProgressPrinter
+    from tests.support.upstream import ScriptedUpstream
+
+    run_dir, chats = out / "expert" / "run", out / "expert" / "sft.parquet"
+    with ScriptedUpstream(ExpertScript(accuracy, seed)) as provider:
+        _say(f"expert: {len(tasks)} rollouts in record mode against {provider.base_url}")
+        printer = ProgressPrinter()
+        try:
+            summary = run_rollouts(
+                tasks,
+                RolloutOptions(
+                    out_dir=run_dir,
+                    harness="toy",
+                    n=1,
+                    parallel=parallel,
+                    upstreams=[f"api.openai.com={provider.base_url}"],
+                    on_progress=printer,
+                    **({"confdir": confdir} if confdir else {}),
+                ),
+            )
+        finally:
+            printer.close()
+    _say(f"expert: mean reward {summary.mean_reward:.3f} over {len(summary.results)} rollouts")
+    # Recorded text, not token ids: `forge export sft` writes the chats, and
+    # `forge train --sft --chats` tokenizes them with the policy's chat template.
+    _forge("export", "sft", "--data", str(run_dir), "--out", str(chats))
+    return chats
+
+
+def success(summary: Any) -> float:
+    """Share of rollouts the verifier passed (a rollout without a reward counts as failed)."""
+    results = summary.results
+    return sum(1 for r in results if (r.reward or 0.0) > 0) / len(results) if results else 0.0
+
+
+def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any]) -> SeedResult:
+    from rl.loop import LoopConfig, run_loop, serve_and_run
+    from rl.tiny_model import build_tiny_model
+    from rl.trainer import read_policy_version
+
+    started = time.monotonic()
+    root = args.out / f"seed-{seed}"
+    init, sft = root / "init", root / "sft"
+    build_tiny_model(init, seed=seed)
+    _forge(
+        "train", "--sft", "--chats", str(expert), "--model", str(init), "--out", str(sft),
+        "--lr", str(args.sft_lr), "--epochs", str(args.sft_epochs), "--weight-decay", "0",
+        "--micro-batch-size", "16", "--mini-batch-size", "16", "--seed", str(seed),
+        "--no-progress", log=root / "sft.log",
+    )  # fmt: skip
+
+    def held_out(policy: Path, name: str) -> float:
+        summary = serve_and_run(
+            policy,
+            read_policy_version(policy),
+            held,
+            root / name,
+            harness="toy",
+            n=1,
+            parallel=args.parallel,
+            serve_max_tokens=args.serve_max_tokens,
+            confdir=args.confdir,
+            progress=False,
+        )
+        rate = success(summary)
+        _say(f"seed {seed}: {policy.name} solves {100 * rate:.1f}% of {len(held)} held-out tasks")
+        return rate
+
+    before = held_out(sft, "heldout-sft")
+    config = LoopConfig(
+        out=root / "rl",
+        model=sft,
+        tasks=args.tasks,
+        rounds=args.rounds,
+        harness="toy",
+        n=args.n,
+        parallel=args.parallel,
+        serve_max_tokens=args.serve_max_tokens,
+        train_args=(
+            "--lr",
+            str(args.rl_lr),
+            "--weight-decay",
+            "0",
+            "--micro-batch-size",
+            "16",
+            "--seed",
+            str(seed),
+        ),  # fmt: skip
+        confdir=args.confdir,
+        split="train",
+        tasks_per_round=args.tasks_per_round,
+        seed=seed,
+    )
+    state = run_loop(config)
+    last = state.rounds[-1]
+    final = Path(last.checkpoint or last.policy)
+    after = held_out(final, "heldout-rl")
+    return SeedResult(
+        seed, before, after, [r.mean_reward for r in state.rounds], time.monotonic() - started
+    )
+
+
+def report(results: list[SeedResult], out: Path, args: argparse.Namespace, wall_s: float) -> str:
+    """Write results.json, results.md and curve.png; return the closing line."""
+    sft = 100 * statistics.mean(r.sft for r in results)
+    rl = 100 * statistics.mean(r.rl for r in results)
+    line = f"held-out success: sft={sft:.1f}% sft+rl={rl:.1f}% seeds={len(results)}"
+    data = {
+        "sft_heldout_success": sft / 100,
+        "rl_heldout_success": rl / 100,
+        "seeds": [r.__dict__ for r in results],
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "wall_s": round(wall_s, 1),
+    }
+    (out / "results.json").write_text(json.dumps(data, indent=2) + "\n")
+    rounds = max(len(r.curve) for r in results)
+    lines = [
+        "| seed | held-out SFT | held-out SFT+RL | "
+        + " | ".join(f"round {k}" for k in range(rounds))
+        + " |",
+        "|---|---|---|" + "---|" * rounds,
+    ]
+    for r in results:
+        curve = " | ".join("-" if m is None else f"{m:.2f}" for m in r.curve)
+        lines.append(f"| {r.seed} | {100 * r.sft:.1f}% | {100 * r.rl:.1f}% | {curve} |")
+    lines.append(
+        f"| mean | {sft:.1f}% | {rl:.1f}% | " + " | ".join("" for _ in range(rounds)) + " |"
+    )
+    (out / "results.md").write_text(
+        "\n".join(lines) + f"\n\nRounds: mean reward of each RL round's rollouts (train tasks). "
+        f"Wall time {wall_s / 60:.1f} min.\n"
+    )
+    _plot(results, out / "curve.png")
+    return line
+
+
+def _plot(results: list[SeedResult], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _say("matplotlib is not installed: no curve.png")
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for r in results:
+        xs = [k for k, m in enumerate(r.curve) if m is not None]
+        ax.plot(xs, [r.curve[k] for k in xs], marker="o", label=f"seed {r.seed}")
+    ax.set_xlabel("RL round (policy version = round + 1)")
+    ax.set_ylabel("mean reward (train tasks)")
+    ax.set_ylim(0, 1)
+    ax.set_title("forge demo-rl: GRPO in the toy harness")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m rl.demo_rl", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    p.add_argument("--out", type=Path, default=Path("data/demo-rl"))
+    p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (default 3)")
+    p.add_argument("--expert-accuracy", type=float, default=0.35)
+    p.add_argument("--expert-tasks", type=int, default=96, help="train tasks the expert records")
+    p.add_argument("--sft-epochs", type=int, default=10)
+    p.add_argument("--sft-lr", type=float, default=1e-2)
+    p.add_argument("--rounds", type=int, default=4, help="RL rounds per seed")
+    p.add_argument("--tasks-per-round", type=int, default=6)
+    p.add_argument("-n", type=int, default=8, help="GRPO group size")
+    p.add_argument("--rl-lr", type=float, default=1e-3)
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--serve-max-tokens", type=int, default=48)
+    p.add_argument("--heldout", type=int, default=None, help="held-out tasks used (default all)")
+    p.add_argument("--confdir", type=Path, default=None, help="mitmproxy CA directory")
+    args = p.parse_args(argv)
+    if args.seeds < 1 or args.rounds < 1:
+        p.error("--seeds and --rounds must be at least 1")
+    from k8s_jobs.tasks import load_tasks
+    from rl.loop import select_split
+
+    started = time.monotonic()
+    args.out = args.out.resolve()
+    args.tasks = args.tasks.resolve()
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    tasks = load_tasks(args.tasks)
+    train, held = select_split(tasks, "train"), select_split(tasks, "heldout")
+    held = held[: args.heldout] if args.heldout else held
+    chats = record_expert(
+        train[: args.expert_tasks], args.out, args.expert_accuracy, 0, args.parallel, args.confdir
+    )
+    results = [run_seed(seed, args, chats, held) for seed in range(args.seeds)]
+    wall = time.monotonic() - started
+    line = report(results, args.out, args, wall)
+    print((args.out / "results.md").read_text())
+    print(f"forge demo-rl: {wall / 60:.1f} min; results in {args.out}")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
