@@ -1,4 +1,5 @@
-"""``make demo``: record a harness with Forge, then stitch, reward, group, snapshot and query.
+"""``make demo``: record a harness with Forge, then stitch, reward, group, snapshot and query;
+then a short training loop.
 
 No LLM is reachable from a machine without internet, so a scripted provider stands
 in for api.openai.com (it speaks the real Chat Completions wire format). The toy
@@ -6,12 +7,19 @@ harness (``rl/toy_harness.py``, an ordinary openai-SDK program) runs unmodified 
 ``forge record``: two tasks, two rollouts each. A verifier checks each rollout's work
 and writes its reward; then the pipeline's DuckDB views give trees, trajectories and
 GRPO groups, and a snapshot is written.
+
+The loop, short: a tiny Qwen3 (built locally) is trained with SFT on the recorded chats,
+then ``forge loop`` runs two rounds of collect (the toy harness in serve mode, answered by
+that policy), snapshot, one GRPO step and publish, the second round collecting with the
+policy the first one trained. Two CPU minutes of training teach a tiny model little:
+this shows the machinery; ``make demo-rl`` shows learning.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -66,7 +74,7 @@ def forge(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
     """Run a forge command the way a user would, echoing it."""
     print(f"\n$ forge {' '.join(args)}", flush=True)
     done = subprocess.run(
-        [sys.executable, "-m", "forge_cli.main", *args], cwd=cwd, env=env, timeout=300
+        [sys.executable, "-m", "forge_cli.main", *args], cwd=cwd, env=env, timeout=900
     )
     if done.returncode != 0:
         raise SystemExit(f"forge demo: `forge {args[0]}` failed with exit code {done.returncode}")
@@ -89,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("data/runs/demo"))
     p.add_argument("--snapshot", type=Path, default=Path("data/snapshots/demo"))
+    p.add_argument("--loop", type=Path, default=Path("data/loop/make-demo"))
+    p.add_argument("--no-loop", action="store_true", help="stop after the snapshot")
     args = p.parse_args(argv)
     from tests.support.upstream import ScriptedUpstream  # the scripted provider
 
-    out, snapshot = args.out.resolve(), args.snapshot.resolve()
-    for old in (out, snapshot):
+    out, snapshot, loop = args.out.resolve(), args.snapshot.resolve(), args.loop.resolve()
+    for old in (out, snapshot, loop):
         if old.exists():
             shutil.rmtree(old)
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
@@ -148,8 +158,39 @@ def main(argv: list[str] | None = None) -> int:
     forge("eval", "--data", str(out), "--k", "1,2")
     forge("snapshot", "--data", str(out), "--out", str(snapshot))
     print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}; pages in {out / 'view'}")
+    if not args.no_loop:
+        short_loop(out, loop)
     print(f'Try: .venv/bin/forge sql --data {args.out} "select * from edges"')
     return 0
+
+
+def short_loop(run: Path, loop: Path) -> None:
+    """SFT a tiny policy on the recorded chats, then two rounds of ``forge loop``."""
+    models = loop / "models"
+    forge("init-model", "--tiny", "--out", str(models / "init"))
+    forge("export", "sft", "--data", str(run), "--out", str(loop / "sft.parquet"))
+    forge(
+        "train", "--sft", "--chats", str(loop / "sft.parquet"), "--model", str(models / "init"),
+        "--out", str(models / "sft"), "--lr", "1e-2", "--epochs", "8", "--no-progress",
+    )  # fmt: skip
+    config = {
+        "out": str(loop),
+        "model": str(models / "sft"),
+        "tasks": str(Path(__file__).resolve().parent.parent / "data" / "tasks" / "demo.jsonl"),
+        "harness": "toy",
+        "rounds": 2,
+        "n": 4,
+        "parallel": 4,
+        "serve_max_tokens": 48,
+        # A barely trained policy mostly fails: keep groups without a spread of rewards
+        # (their advantages are 0) so that each round takes its step.
+        "grpo": {"zero_spread": "keep", "partial": "zero"},
+        "train_args": ["--lr", "1e-3"],
+    }
+    (loop / "loop.yaml").write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+    forge("loop", "--config", str(loop / "loop.yaml"))
+    print(f"\n-- learning curve ({loop / 'curve.jsonl'})")
+    print((loop / "curve.jsonl").read_text(), end="")
 
 
 if __name__ == "__main__":

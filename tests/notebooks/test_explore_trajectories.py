@@ -53,7 +53,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("demo")
     done = subprocess.run(
         [sys.executable, "-m", "forge_cli.demo", "--out", str(out / "run"),
-         "--snapshot", str(out / "snapshot")],
+         "--snapshot", str(out / "snapshot"), "--no-loop"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
