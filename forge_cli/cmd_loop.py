@@ -40,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
         state = run_loop(config)
     except (LoopError, TaskError, ValueError) as e:
         raise ForgeError(str(e)) from None
-    last = state.rounds[-1]
-    policy = last.checkpoint or last.policy
+    policy = state.rounds[-1].result()
     print(f"forge loop: {len(state.rounds)} round(s) done; policy {policy}")
     print(f"forge loop: learning curve in {config.out / CURVE_FILE}")
     return 0

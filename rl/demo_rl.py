@@ -195,7 +195,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
     )
     state = run_loop(config)
     last = state.rounds[-1]
-    final = Path(last.checkpoint or last.policy)
+    final = Path(last.result())
     after = held_out(final, "heldout-rl")
     return SeedResult(
         seed, before, after, [r.mean_reward for r in state.rounds], time.monotonic() - started

@@ -8,6 +8,14 @@ Each round ``k`` has three phases, each with an output written once:
 - train: one pass over that snapshot into ``OUT/checkpoints/step-(k+1)``, renamed into
   place when whole. The next round serves it (the publish step).
 
+With ``max_staleness: S`` (default 0, synchronous), collection may run ahead of
+training: round ``k`` collects with the newest checkpoint trained so far, waiting only
+until round ``k-1-S`` has trained, so with ``S = 1`` round ``k+1``'s rollouts run while
+round ``k`` trains. Training stays one chain (step ``k+1`` is trained from step ``k`` on
+round ``k``'s snapshot, whichever policy collected it): samples from a policy up to ``S``
+versions old are corrected by the importance ratio against their recorded sampling
+logprobs, which PPO's clip bounds. Every row keeps the version that sampled it.
+
 ``OUT/state.json`` (replaced atomically) records the finished phases. A loop killed at
 any point and started again resumes where it stopped, and trains every rollout once:
 a collect phase resumes its run directory (``forge rollout --resume``: rollouts that
@@ -24,6 +32,7 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -66,6 +75,10 @@ class LoopConfig:
     """A seeded sample of this many tasks each round (None: every task, every round)."""
     seed: int = 0
     """Seeds each round's task sample (round k's sample depends on seed and k only)."""
+    max_staleness: int = 0
+    """How many policy versions a round's collection may lag the synchronous schedule:
+    0 collects each round with the previous round's checkpoint; S >= 1 lets round k
+    collect while rounds up to k-1 train, waiting only for round k-1-S's checkpoint."""
 
     @classmethod
     def load(cls, path: str | Path) -> LoopConfig:
@@ -107,6 +120,8 @@ class LoopConfig:
             raise LoopError(f"{p}: rounds, n and parallel must be at least 1")
         if config.tasks_per_round is not None and config.tasks_per_round < 1:
             raise LoopError(f"{p}: tasks_per_round must be at least 1")
+        if config.max_staleness < 0:
+            raise LoopError(f"{p}: max_staleness must be 0 (synchronous) or more")
         return config
 
 
@@ -122,8 +137,18 @@ class RoundRecord:
     mean_reward: float | None = None
     samples: int = 0
     checkpoint: str | None = None
-    """The checkpoint this round trained (the next round's policy), or None if it had no
-    samples and the policy carried over unchanged."""
+    """The checkpoint this round trained, or None if it had no samples and the policy it
+    started from carried over unchanged."""
+    trained_from: str | None = None
+    """The policy this round's training started from: the previous round's result (its
+    ``policy`` in a synchronous loop; newer when collection ran ahead)."""
+    times: dict[str, list[float]] = field(default_factory=dict)
+    """Each finished phase's start and end (Unix seconds)."""
+
+    def result(self) -> str:
+        """The policy this round leaves once trained: its checkpoint, or the one its
+        training started from."""
+        return self.checkpoint or self.trained_from or self.policy
 
 
 @dataclass
@@ -157,7 +182,8 @@ def run_loop(
     config: LoopConfig, after_phase: Callable[[int, str], None] | None = None
 ) -> LoopState:
     """Run (or resume) the loop to ``config.rounds`` rounds; returns the final state.
-    ``after_phase(round, phase)`` is called after each phase is recorded."""
+    ``after_phase(round, phase)`` is called after each phase is recorded (for ``train``,
+    from the training thread when collection runs ahead)."""
     from k8s_jobs.tasks import load_tasks
     from rl.trainer import read_policy_version
 
@@ -166,35 +192,133 @@ def run_loop(
     state = LoopState.read(out)
     if not (config.model / "config.json").is_file():
         raise LoopError(f"model {config.model} is not a model folder (no config.json)")
-    for k in range(config.rounds):
-        if k < len(state.rounds) and state.rounds[k].done == list(PHASES):
-            continue
-        if k == len(state.rounds):
-            policy = config.model if k == 0 else Path(_next_policy(state.rounds[k - 1]))
-            version = read_policy_version(policy)
-            state.rounds.append(RoundRecord(k, str(policy.resolve()), version))
-            state.write(out)
-        record = state.rounds[k]
-        _say(f"round {k}: policy version {record.policy_version} ({record.policy})")
-        for phase in PHASES:
-            if phase in record.done:
+    trainer = _Trainer(config, state, after_phase)
+    try:
+        for k in range(config.rounds):
+            if k < len(state.rounds) and state.rounds[k].done == list(PHASES):
                 continue
-            if phase == "collect":
-                _collect(config, round_tasks(tasks, config, k), record)
-            elif phase == "snapshot":
-                _snapshot(config, record)
-            else:
-                _train(config, record)
-            record.done.append(phase)
-            state.write(out)
-            if after_phase is not None:
-                after_phase(k, phase)
-        _append_curve(out, record)
+            if k == len(state.rounds):
+                trainer.wait_for(k - 1 - config.max_staleness)
+                policy = Path(trainer.newest_policy())
+                with trainer.lock:
+                    state.rounds.append(RoundRecord(k, str(policy.resolve()), 0))
+                    state.rounds[k].policy_version = read_policy_version(policy)
+                    state.write(out)
+            record = state.rounds[k]
+            _say(f"round {k}: policy version {record.policy_version} ({record.policy})")
+            for phase in ("collect", "snapshot"):
+                if phase in record.done:
+                    continue
+                started = time.time()
+                if phase == "collect":
+                    _collect(config, round_tasks(tasks, config, k), record)
+                else:
+                    _snapshot(config, record)
+                trainer.finished(record, phase, started)
+            trainer.submit(k)
+        trainer.wait_for(config.rounds - 1)
+    finally:
+        trainer.stop()
     return state
 
 
-def _next_policy(previous: RoundRecord) -> str:
-    return previous.checkpoint or previous.policy
+class _Trainer:
+    """The train phases, one after another in round order: inline in a synchronous loop,
+    else in one background thread while the main thread collects. It owns the lock that
+    guards the state (both threads record phases in it)."""
+
+    def __init__(
+        self,
+        config: LoopConfig,
+        state: LoopState,
+        after_phase: Callable[[int, str], None] | None,
+    ) -> None:
+        self.config, self.state, self.after_phase = config, state, after_phase
+        self.lock = threading.Condition()
+        self.queue: list[int] = []
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        if config.max_staleness > 0:
+            self.thread = threading.Thread(target=self._work, name="forge-loop-train", daemon=True)
+            self.thread.start()
+
+    def trained(self, k: int) -> bool:
+        return k < len(self.state.rounds) and "train" in self.state.rounds[k].done
+
+    def newest_policy(self) -> str:
+        """The result of the last round trained, or the starting model."""
+        with self.lock:
+            k = len(self.state.rounds) - 1
+            while k >= 0 and not self.trained(k):
+                k -= 1
+            return str(self.config.model) if k < 0 else self.state.rounds[k].result()
+
+    def finished(self, record: RoundRecord, phase: str, started: float) -> None:
+        with self.lock:
+            record.times[phase] = [round(started, 3), round(time.time(), 3)]
+            record.done.append(phase)
+            self.state.write(self.config.out)
+            if phase == "train":
+                _append_curve(self.config.out, record)
+            self.lock.notify_all()
+        if self.after_phase is not None:
+            self.after_phase(record.round, phase)
+
+    def submit(self, k: int) -> None:
+        if self.trained(k):
+            return
+        if self.thread is None:
+            self._train(k)
+            return
+        with self.lock:
+            self._raise()
+            self.queue.append(k)
+            self.lock.notify_all()
+
+    def wait_for(self, k: int) -> None:
+        """Block until rounds up to ``k`` have trained (a training failure is raised)."""
+        with self.lock:
+            while not all(self.trained(j) for j in range(k + 1)):
+                self._raise()
+                self.lock.wait(timeout=1.0)
+            self._raise()
+
+    def stop(self) -> None:
+        """Drop trains not started; the one running (if any) dies with the process, and a
+        resumed loop redoes it from its snapshot."""
+        with self.lock:
+            self.stopping = True
+            self.queue.clear()
+            self.lock.notify_all()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise LoopError(f"training failed: {self.error}") from self.error
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queue and not self.stopping:
+                    self.lock.wait()
+                if self.stopping:
+                    return
+                k = self.queue.pop(0)
+            try:
+                self._train(k)
+            except BaseException as e:  # reported to the main thread at its next wait
+                with self.lock:
+                    self.error = e
+                    self.lock.notify_all()
+                return
+
+    def _train(self, k: int) -> None:
+        with self.lock:
+            record = self.state.rounds[k]
+            base = str(self.config.model) if k == 0 else self.state.rounds[k - 1].result()
+        started = time.time()
+        _train(self.config, record, base)
+        self.finished(record, "train", started)
 
 
 def select_split(tasks: list[Any], split: str | None) -> list[Any]:
@@ -303,11 +427,13 @@ def _snapshot(config: LoopConfig, record: RoundRecord) -> None:
     _say(f"round {record.round}: snapshot {snap} ({record.samples} samples)")
 
 
-def _train(config: LoopConfig, record: RoundRecord) -> None:
+def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
+    """Train round ``record.round``'s snapshot from ``base`` (the previous round's result)."""
     from forge_cli.main import main as forge_main
 
     snap = config.out / "snapshots" / f"round-{record.round}"
     ckpt = config.out / "checkpoints" / f"step-{record.round + 1}"
+    record.trained_from = base
     if record.samples == 0:
         _say(f"round {record.round}: no samples to train on; the policy carries over")
         record.checkpoint = None
@@ -315,7 +441,7 @@ def _train(config: LoopConfig, record: RoundRecord) -> None:
     if not ckpt.exists():  # else: trained before a stop (renamed into place when whole)
         tmp = ckpt.parent / f".{ckpt.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short
-        args = ["train", "--snapshot", str(snap), "--model", record.policy, "--out", str(tmp)]
+        args = ["train", "--snapshot", str(snap), "--model", base, "--out", str(tmp)]
         code = forge_main([*args, "--no-progress", *config.train_args])
         if code != 0:
             raise LoopError(f"round {record.round}: forge train failed (exit {code})")

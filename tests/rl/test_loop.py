@@ -25,7 +25,7 @@ TASK = {
 }
 
 
-def write_config(tmp_path: Path, model: Path, confdir: Path) -> Path:
+def write_config(tmp_path: Path, model: Path, confdir: Path, **more: object) -> Path:
     (tmp_path / "tasks.jsonl").write_text(json.dumps(TASK) + "\n")
     config = {
         "out": "loop",
@@ -41,6 +41,7 @@ def write_config(tmp_path: Path, model: Path, confdir: Path) -> Path:
         # counted as failures (reward 0) and kept, each round has samples to train on.
         "grpo": {"partial": "zero", "zero_spread": "keep"},
         "train_args": ["--sft", "--lr", "1e-3"],
+        **more,
     }
     path = tmp_path / "loop.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
@@ -110,6 +111,41 @@ def test_a_loop_killed_mid_round_resumes_and_trains_every_rollout_once(
     ]
 
 
+@pytest.mark.slow
+def test_collection_runs_ahead_of_training_by_at_most_the_staleness_bound(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    config = write_config(tmp_path, tiny_models[1], confdir, rounds=3, max_staleness=1)
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    cmd = [sys.executable, "-m", "forge_cli.main", "loop", "--config", str(config)]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "loop"
+    state = json.loads((out / "state.json").read_text())["rounds"]
+    assert [r["done"] for r in state] == [["collect", "snapshot", "train"]] * 3
+    r0, r1, r2 = state
+    # Round 1 collected with the starting policy while round 0 trained (one version
+    # stale); round 2 waited for round 0's checkpoint, as the bound of 1 asks.
+    assert [r0["policy_version"], r1["policy_version"]] == [0, 0]
+    assert r1["times"]["collect"][0] < r0["times"]["train"][1]
+    assert r2["times"]["collect"][0] >= r0["times"]["train"][1]
+    assert r2["policy_version"] in (1, 2)
+    # Training is one chain whatever collected: step k+1 from step k on round k's rollouts.
+    parents = [tiny_models[1]] + [out / "checkpoints" / f"step-{k}" for k in (1, 2)]
+    for k, parent in enumerate(parents):
+        ckpt = json.loads((out / "checkpoints" / f"step-{k + 1}" / "forge.json").read_text())
+        assert ckpt["policy_version"] == k + 1
+        assert ckpt["parent_model"] == str(parent.resolve())
+        assert ckpt["snapshot"] == str((out / "snapshots" / f"round-{k}").resolve())
+        assert state[k]["trained_from"] == str(parent.resolve())
+        # Every recorded call keeps the version of the policy that sampled it.
+        run = connect(out / "runs" / f"round-{k}")
+        versions = run.execute("SELECT DISTINCT policy_version FROM calls").fetchall()
+        assert versions == [(state[k]["policy_version"],)]
+    curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
+    assert [c["round"] for c in curve] == [0, 1, 2]
+
+
 def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
     bad = tmp_path / "loop.yaml"
     bad.write_text("out: x\nmodel: y\n")
@@ -120,6 +156,9 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
         LoopConfig.load(bad)
     bad.write_text("out: x\nmodel: y\ntasks: t\nn: 0\n")
     with pytest.raises(LoopError, match="at least 1"):
+        LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\nmax_staleness: -1\n")
+    with pytest.raises(LoopError, match="max_staleness must be 0"):
         LoopConfig.load(bad)
     config = LoopConfig.load(Path("rl/config/demo.yaml"))
     assert config.rounds == 2 and config.out == Path("data/loop/demo")
