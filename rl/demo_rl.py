@@ -249,6 +249,7 @@ def _plot(results: list[SeedResult], path: Path) -> None:
     for r in results:
         xs = [k for k, m in enumerate(r.curve) if m is not None]
         ax.plot(xs, [r.curve[k] for k in xs], marker="o", label=f"seed {r.seed}")
+    ax.set_xticks(range(max(len(r.curve) for r in results)))
     ax.set_xlabel("RL round (policy version = round + 1)")
     ax.set_ylabel("mean reward (train tasks)")
     ax.set_ylim(0, 1)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-round", type=int, default=6)
     p.add_argument("-n", type=int, default=8, help="GRPO group size")
     p.add_argument("--rl-lr", type=float, default=1e-3)
-    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--serve-max-tokens", type=int, default=48)
     p.add_argument("--heldout", type=int, default=None, help="held-out tasks used (default all)")
     p.add_argument("--confdir", type=Path, default=None, help="mitmproxy CA directory")
