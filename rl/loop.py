@@ -200,9 +200,9 @@ def run_loop(
             if k == len(state.rounds):
                 trainer.wait_for(k - 1 - config.max_staleness)
                 policy = Path(trainer.newest_policy())
+                record = RoundRecord(k, str(policy.resolve()), read_policy_version(policy))
                 with trainer.lock:
-                    state.rounds.append(RoundRecord(k, str(policy.resolve()), 0))
-                    state.rounds[k].policy_version = read_policy_version(policy)
+                    state.rounds.append(record)
                     state.write(out)
             record = state.rounds[k]
             _say(f"round {k}: policy version {record.policy_version} ({record.policy})")

@@ -112,7 +112,6 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         logits = model.get_output_embeddings()(hidden[:, :-1][trained])  # (N, V)
         labels = batch.input_ids[:, 1:][trained]  # (N,)
         lp = -F.cross_entropy(logits.float(), labels, reduction="none")
-        out = out.to(lp.dtype)
         out[:, 1:][trained] = lp
         return out
     keep = torch.nonzero(trained.any(dim=0)).squeeze(1)  # (K,)
@@ -124,7 +123,6 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     # Rows of (B*K, V), the vocabulary contiguous: cross-entropy over a transposed
     # (B, V, K) made the whole step 2.3x slower on CPU (bench/bench_train.py).
     lp = -F.cross_entropy(logits.float().reshape(b * k, v), labels.reshape(-1), reduction="none")
-    out = out.to(lp.dtype)
     out[:, keep + 1] = lp.view(b, k)
     return out * batch.loss_mask
 

@@ -135,8 +135,6 @@ class Engine:
             scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
             if params.temperature <= 0:
                 token = int(torch.argmax(logits))
-            elif params.temperature == 1.0 and params.top_k <= 0 and params.top_p >= 1.0:
-                token = sample(scores.exp(), generator)  # the raw distribution itself
             else:
                 token = sample(torch.softmax(_filter(logits, params), dim=-1), generator)
             tokens.append(token)
