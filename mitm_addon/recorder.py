@@ -408,8 +408,15 @@ def _status(
     body_text = capture.response_body[:_ERROR_CHARS].decode("utf-8", "replace")
     if capture.status_code is not None and capture.status_code >= 400:
         return "error", f"HTTP {capture.status_code}: {body_text}"
-    if response_error and not capture.response_truncated and not capture.error:
+    if (
+        response_error
+        and not capture.response_truncated
+        and (not capture.error or capture.transport == "sse")
+    ):
         # The provider answered, but not in its API's shape: the client failed on it too.
+        # A stream's parser reads whole events only, so a malformed one is the provider's
+        # even when the client, failing on it, hung up before the upstream's end reached
+        # the proxy; a plain body cut short by a hang-up is merely incomplete.
         return "error", response_error[:_ERROR_CHARS]
     if capture.response_truncated and not capture.error:
         return "complete", None  # delivered whole; only Forge's copy was cut

@@ -103,3 +103,42 @@ def test_malformed_request_json_still_gets_a_row() -> None:
     c.request_body = b'{"model": "x", "messages": [tru'
     row = build_rows(c, lambda _: None).call
     assert row["api"] == "anthropic_messages" and row["parse_error"].startswith("request:")
+
+
+def openai_stream_capture(body: bytes, error: str | None) -> Capture:
+    request = {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    return Capture(
+        call_id="s",
+        run_id="r",
+        transport="sse",
+        method="POST",
+        scheme="https",
+        host="api.openai.com",
+        path="/v1/chat/completions",
+        started_at=time.time(),
+        request_body=json.dumps(request).encode(),
+        status_code=200,
+        response_headers={"content-type": "text/event-stream"},
+        response_body=body,
+        error=error,
+    )
+
+
+def test_a_malformed_stream_event_is_an_error_even_when_the_client_hung_up_on_it() -> None:
+    events = (WIRE / "openai_chat" / "stream_text.sse").read_bytes().split(b"\n\n")
+    bad = b"\n\n".join([*events[:3], b"data: {not json", b""])
+    for error in (None, "Client disconnected."):
+        row = build_rows(openai_stream_capture(bad, error), lambda _: None).call
+        assert row["status"] == "error" and "response:" in row["error"], (error, row["error"])
+    # A stream cut inside an event is not malformed, only incomplete.
+    cut = b"\n\n".join(events[:3]) + b"\n\ndata: {not js"
+    row = build_rows(openai_stream_capture(cut, "Client disconnected."), lambda _: None).call
+    assert row["status"] == "incomplete" and row["error"] == "Client disconnected."
+
+
+def test_a_plain_body_cut_short_by_a_hang_up_is_incomplete_not_an_error() -> None:
+    c = anthropic_capture("b", "s", "q")
+    c.response_body = c.response_body[: len(c.response_body) // 2]
+    c.error = "Client disconnected."
+    row = build_rows(c, lambda _: None).call
+    assert row["status"] == "incomplete" and row["error"] == "Client disconnected."
