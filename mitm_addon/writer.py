@@ -5,6 +5,12 @@ microseconds) and ``end`` hands the capture to the worker. The worker parses,
 hashes and buffers rows, and flushes them to Parquet shards when a rotation limit
 (rows, bytes, seconds) is reached; a shard's WAL segments are deleted only after
 the shard is durable. ``start`` first recovers the segments a killed proxy left.
+
+The worker takes finished calls in batches, every ``_BATCH_S`` or as soon as
+``_BATCH_CALLS`` wait. Waking the thread for each call (a ``queue.Queue``) made the
+event loop hand the GIL over for each call, which cost more than the parsing: about
+0.5 ms of the proxy's CPU per call on 2 cores. A call is durable once its WAL frame
+is written, so the wait delays only its shard.
 """
 
 from __future__ import annotations
@@ -13,10 +19,9 @@ import concurrent.futures
 import errno
 import logging
 import os
-import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,6 +40,8 @@ from pipeline.shards import read_column_values, remove_stale_temporaries, write_
 
 log = logging.getLogger(__name__)
 
+_BATCH_S = 0.05  # the worker's longest sleep while calls wait
+_BATCH_CALLS = 256  # calls waiting that wake the worker at once (bounds the memory held)
 _SYNC_EVERY_S = 0.2  # fsync of the WAL for power-loss durability (SIGKILL needs none)
 _PROCESS_WAIT_S = 2.0
 
@@ -63,7 +70,7 @@ class Writer:
         self.root = config.out_dir
         self.run_id = run_id
         self.wal = wal_mod.Wal(self.root / "wal")
-        self._queue: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self._inbox = _Inbox()
         self._open: dict[str, bytes] = {}  # call_id -> BEGIN frame of calls in flight
         self._seen: set[str] = set()
         self._responses: dict[str, str] = {}
@@ -109,7 +116,7 @@ class Writer:
         with self.wal.lock:
             self.wal.append_locked(frame)
             self._open.pop(capture.call_id, None)
-            self._queue.put(("call", capture, process))
+            self._inbox.put(("call", capture, process), wake=False)
 
     def count_endpoint(self, host: str, method: str, path: str, status: int) -> None:
         with self._endpoints_lock:
@@ -137,7 +144,7 @@ class Writer:
         if self._thread is None:
             return
         self._request_flush()
-        self._queue.put(("stop", None, None))
+        self._inbox.put(("stop", None, None))
         self._thread.join(timeout)
         self._thread = None
         self.wal.close()
@@ -147,20 +154,17 @@ class Writer:
     def _run(self) -> None:
         last_sync = time.monotonic()
         while True:
-            try:
-                kind, item, extra = self._queue.get(timeout=_SYNC_EVERY_S)
-            except queue.Empty:
-                kind, item, extra = "idle", None, None
-            try:
-                if kind == "call":
-                    self._add(item, extra)
-                elif kind == "flush":
-                    self._flush(item)
-                elif kind == "stop":
-                    return
-            except Exception as e:  # the worker must survive a bad row; the WAL keeps the call
-                self.last_error = f"{type(e).__name__}: {e}"
-                log.exception("forge: could not record a call (kept in the WAL): %s", e)
+            for kind, item, extra in self._inbox.take(_BATCH_S):
+                try:
+                    if kind == "call":
+                        self._add(item, extra)
+                    elif kind == "flush":
+                        self._flush(item)
+                    elif kind == "stop":
+                        return
+                except Exception as e:  # the worker must survive a bad row; the WAL keeps it
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    log.exception("forge: could not record a call (kept in the WAL): %s", e)
             now = time.monotonic()
             if now - last_sync >= _SYNC_EVERY_S:
                 try:
@@ -188,7 +192,7 @@ class Writer:
             old = self.wal.rotate_locked()
             for frame in self._open.values():  # calls in flight stay in the live segment
                 self.wal.append_locked(frame)
-            self._queue.put(("flush", old, None))
+            self._inbox.put(("flush", old, None))
 
     def _add(
         self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
@@ -306,6 +310,32 @@ class Writer:
                 "forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)",
                 report.torn_bytes,
             )
+
+
+class _Inbox:
+    """Items for the worker, which sleeps until one that wakes it or ``timeout`` passes.
+
+    ``deque.append`` and ``popleft`` are atomic; the event is set only by items that must
+    not wait (flush, stop) and by a backlog of ``_BATCH_CALLS``.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[str, Any, Any]] = deque()
+        self._wake = threading.Event()
+
+    def put(self, item: tuple[str, Any, Any], wake: bool = True) -> None:
+        self._items.append(item)
+        if wake or len(self._items) >= _BATCH_CALLS:
+            self._wake.set()
+
+    def take(self, timeout: float) -> list[tuple[str, Any, Any]]:
+        """What waits, after a wake-up or ``timeout`` seconds (at once when something woke it)."""
+        self._wake.wait(timeout)
+        self._wake.clear()
+        items = []
+        while self._items:
+            items.append(self._items.popleft())
+        return items
 
 
 def _encodable(rows: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:

@@ -121,3 +121,25 @@ def test_a_write_error_keeps_rows_for_the_next_flush(tmp_path: Path) -> None:
     os.unlink(calls_dir)
     w.stop()
     assert connect(tmp_path).execute("SELECT count(*) FROM calls").fetchone() == (1,)
+
+
+def test_the_worker_is_not_woken_for_each_call_but_is_for_a_flush_or_a_backlog() -> None:
+    from mitm_addon import writer as writer_mod
+
+    inbox = writer_mod._Inbox()
+    inbox.put(("call", 1, None), wake=False)
+    t0 = time.monotonic()
+    assert inbox.take(0.3) == [("call", 1, None)]
+    assert time.monotonic() - t0 >= 0.25  # a call alone waits for the batch timer
+
+    inbox.put(("call", 2, None), wake=False)
+    inbox.put(("flush", 7, None))
+    t0 = time.monotonic()
+    assert inbox.take(5.0) == [("call", 2, None), ("flush", 7, None)]
+    assert time.monotonic() - t0 < 2.0
+
+    for i in range(writer_mod._BATCH_CALLS):
+        inbox.put(("call", i, None), wake=False)
+    t0 = time.monotonic()
+    assert len(inbox.take(5.0)) == writer_mod._BATCH_CALLS
+    assert time.monotonic() - t0 < 2.0
