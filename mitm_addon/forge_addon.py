@@ -4,6 +4,9 @@ Only wiring lives here: options, hooks, and the hand-off to the writer. LLM host
 (``forge_hosts``) are intercepted and their model calls recorded; every other host
 is tunnelled untouched (no forged certificate) or answered 404 (``forge_other_hosts``).
 Responses are teed, never buffered: the harness gets each chunk when upstream sends it.
+Requests to a known model API are teed too (sent upstream as they arrive, as bare
+mitmproxy streams them), so the recording work of the ``request`` hook runs while the
+provider already has the request; other requests are buffered and examined whole.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ _WS_HEAD_CHARS = 256
 
 
 class Tee:
-    """The response's stream callable: forwards each chunk unchanged and keeps a copy."""
+    """A body's stream callable: forwards each chunk unchanged and keeps a copy."""
 
     __slots__ = ("chunks", "size", "limit", "truncated", "first_at")
 
@@ -75,6 +78,9 @@ class Tee:
             else:
                 self.truncated = True
         return data
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 class _WsCall:
@@ -385,6 +391,49 @@ class ForgeAddon:
         if process is not None and not process.done():
             with contextlib.suppress(asyncio.TimeoutError, concurrent.futures.CancelledError):
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(process)), _LOOKUP_WAIT_S)
+        self._stream_request(flow)
+
+    def _stream_request(self, flow: http.HTTPFlow) -> None:
+        """Open the record of a call to a known API at its headers and tee its body upstream.
+
+        Only in record mode, for a body of known size within ``forge_max_body_bytes``; a
+        call that needs its body before it is sent (serve mode, an unknown path that may
+        be a model call, a chunked or oversized body, a WebSocket) is left to ``request``,
+        and so is one whose record cannot be opened (``request`` refuses it if it must).
+        """
+        config, request = self.config, flow.request
+        if (
+            config is None
+            or self.config_error
+            or self.writer is None
+            or self.serve.server is not None
+        ):
+            return
+        try:
+            size = int(request.headers.get("content-length", ""))
+        except ValueError:
+            return
+        if not 0 < size <= config.max_body_bytes or "upgrade" in request.headers:
+            return
+        host = request.pretty_host.lower()
+        if not cfg.host_matches(host, config.hosts) or not find_adapter(
+            request.method, request.path
+        ):
+            return
+        self._take_proxy_auth(flow)
+        capture = self._new_capture(flow, host)
+        if not self._log_begin(capture):
+            return
+        tee = Tee(config.max_body_bytes)
+        request.stream = tee
+        flow.metadata.update(forge_capture=capture, forge_request_tee=tee)
+        self._reroute(flow, host)
+
+    def _take_proxy_auth(self, flow: http.HTTPFlow) -> None:
+        """Remove ``Proxy-Authorization`` (never sent on); its user names the rollout."""
+        auth = flow.request.headers.pop("proxy-authorization", None)
+        if auth and (user := proxy_auth_user(auth)):
+            self._conn_rollout[flow.client_conn.id] = user
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
@@ -401,10 +450,12 @@ class ForgeAddon:
     # -- HTTP ------------------------------------------------------------------------------
 
     def request(self, flow: http.HTTPFlow) -> None:
+        tee: Tee | None = flow.metadata.pop("forge_request_tee", None)
+        if tee is not None:  # streamed: its record was opened at its headers
+            self._set_request_body(flow, flow.metadata["forge_capture"], tee.body())
+            return
         config = self.config
-        auth = flow.request.headers.pop("proxy-authorization", None)
-        if auth and (user := proxy_auth_user(auth)):
-            self._conn_rollout[flow.client_conn.id] = user
+        self._take_proxy_auth(flow)
         if config is None:
             return
         host = flow.request.pretty_host.lower()
@@ -611,7 +662,21 @@ class ForgeAddon:
     def _begin(self, flow: http.HTTPFlow, host: str) -> None:
         assert self.config is not None
         capture = self._new_capture(flow, host)
-        raw = flow.request.raw_content or b""
+        self._set_request_body(flow, capture, flow.request.raw_content or b"")
+        if self._log_begin(capture):
+            flow.metadata["forge_capture"] = capture
+        elif self.config.on_write_error == "fail":
+            flow.response = _json_response(
+                507,
+                {
+                    "error": "Forge cannot record this call "
+                    f"({self.writer.last_error if self.writer else 'no writer'}); "
+                    "refusing to pass it unrecorded (forge_on_write_error=fail)"
+                },
+            )
+
+    def _set_request_body(self, flow: http.HTTPFlow, capture: Capture, raw: bytes) -> None:
+        assert self.config is not None
         encoding = flow.request.headers.get("content-encoding")
         capture.request_wire_bytes = len(raw)
         capture.request_encoding = encoding
@@ -626,17 +691,6 @@ class ForgeAddon:
         )
         if capture.started_at and flow.request.timestamp_end:
             capture.started_at = flow.request.timestamp_end
-        if self._log_begin(capture):
-            flow.metadata["forge_capture"] = capture
-        elif self.config.on_write_error == "fail":
-            flow.response = _json_response(
-                507,
-                {
-                    "error": "Forge cannot record this call "
-                    f"({self.writer.last_error if self.writer else 'no writer'}); "
-                    "refusing to pass it unrecorded (forge_on_write_error=fail)"
-                },
-            )
 
     def _log_begin(self, capture: Capture) -> bool:
         assert self.writer is not None
@@ -664,6 +718,8 @@ class ForgeAddon:
         capture: Capture = flow.metadata.pop("forge_capture")
         tee: Tee | None = flow.metadata.pop("forge_tee", None)
         assert self.config is not None
+        if (sent := flow.metadata.pop("forge_request_tee", None)) is not None:
+            self._set_request_body(flow, capture, sent.body())  # it failed before its end
         capture.ended_at = time.time()
         if flow.response is not None:
             capture.status_code = flow.response.status_code
@@ -671,7 +727,7 @@ class ForgeAddon:
                 flow.response.headers.items(multi=True), self.config.redaction
             )
             if tee is not None:
-                body = b"".join(tee.chunks)
+                body = tee.body()
                 capture.response_wire_bytes = tee.size
                 capture.response_truncated = tee.truncated
                 capture.first_byte_at = tee.first_at or flow.response.timestamp_start

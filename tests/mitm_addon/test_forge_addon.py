@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mitmproxy import exceptions, http
+from mitmproxy import exceptions, flow, http
 from mitmproxy.test import taddons, tflow
 
 from mitm_addon.forge_addon import ForgeAddon, Tee
@@ -300,3 +300,82 @@ def test_refused_websocket_upgrade_gets_426_so_codex_falls_back_to_http(addon) -
     f.request.headers["host"] = "api.openai.com"
     a.request(f)
     assert f.response is not None and f.response.status_code == 426
+
+
+def headers_arrive(
+    tctx: taddons.context, a: ForgeAddon, f: http.HTTPFlow, length: bool = True
+) -> None:
+    """mitmproxy's requestheaders hook: the body has not arrived (content is unset)."""
+    size = len(f.request.raw_content or b"")
+    f.request.content = None
+    if length:
+        f.request.headers["content-length"] = str(size)
+    else:
+        del f.request.headers["content-length"]
+        f.request.headers["transfer-encoding"] = "chunked"
+    tctx.master.event_loop.run_until_complete(a.requestheaders(f))
+
+
+def test_a_known_api_request_streams_upstream_and_is_recorded_whole(addon, tmp_path: Path) -> None:
+    a, tctx = addon
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    f = llm_flow(
+        "api.openai.com",
+        "/v1/chat/completions",
+        body,
+        authorization=f"Bearer {SECRET}",
+        proxy_authorization="Basic cm9sbG91dC03Og==",  # rollout-7:
+    )
+    headers_arrive(tctx, a, f)
+    # Streamed: mitmproxy sends the headers on now, so the proxy's own header is gone already.
+    assert isinstance(f.request.stream, Tee)
+    assert "proxy-authorization" not in f.request.headers
+    sent = b"".join(f.request.stream(body[i : i + 50]) for i in range(0, len(body), 50))
+    assert sent == body
+    f.request.stream(b"")
+    a.request(f)
+    respond(
+        a, f, 200, "application/json", [(WIRE / "openai_chat" / "response_tool.json").read_bytes()]
+    )
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["api"] == "openai_chat" and row["status"] == "complete"
+    assert row["rollout_id"] == "rollout-7" and row["rollout_source"] == "proxy_auth"
+    assert row["request_headers"]["authorization"] == "[REDACTED]"
+    assert row["request_bytes"] == len(body) and row["model"]
+    assert SECRET not in json.dumps(rows(tmp_path / "run", "SELECT * FROM messages"), default=str)
+
+
+def test_a_request_cut_off_mid_body_is_recorded_with_what_arrived(addon, tmp_path: Path) -> None:
+    a, tctx = addon
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    f = llm_flow("api.openai.com", "/v1/chat/completions", body)
+    headers_arrive(tctx, a, f)
+    f.request.stream(body[:40])
+    f.error = flow_error("Client disconnected.")
+    a.error(f)
+    a.done()
+    (row,) = rows(tmp_path / "run")
+    assert row["status"] != "complete" and row["request_bytes"] == 40
+
+
+@pytest.mark.parametrize("case", ["unknown-path", "chunked", "other-host"])
+def test_requests_that_need_their_whole_body_are_not_streamed(addon, case: str) -> None:
+    a, tctx = addon
+    body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
+    host, path = "api.openai.com", "/v1/chat/completions"
+    if case == "unknown-path":
+        path = "/custom/llm"  # may still be a model call: judged on its body, whole
+    if case == "other-host":
+        host = "example.com"
+    f = llm_flow(host, path, body)
+    headers_arrive(tctx, a, f, length=case != "chunked")
+    assert not f.request.stream
+    assert "forge_capture" not in f.metadata
+    f.request.content = body  # buffered: the request hook sees it whole
+    a.request(f)
+    assert ("forge_capture" in f.metadata) == (case != "other-host")
+
+
+def flow_error(msg: str) -> flow.Error:
+    return flow.Error(msg)
