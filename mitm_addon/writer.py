@@ -126,6 +126,7 @@ class Writer:
 
     def start(self) -> RecoveryReport:
         """Load what earlier runs stored, recover their WAL, start the worker."""
+        _warm_arrow()
         report = RecoveryReport(temporaries=remove_stale_temporaries(self.root))
         self._seen = {r["hash"] for r in read_column_values(self.root, "messages", ["hash"])}
         for r in read_column_values(
@@ -310,6 +311,14 @@ class Writer:
                 "forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)",
                 report.torn_bytes,
             )
+
+
+def _warm_arrow() -> None:
+    """Arrow's first conversion of Python rows imports pandas (half a second on 2 cores):
+    done here, at start, and not in the first flush, where it would hold the GIL that
+    the event loop needs mid-traffic."""
+    for schema in TABLES.values():
+        pa.Table.from_pylist([], schema=schema)
 
 
 class _Inbox:

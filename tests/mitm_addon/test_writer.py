@@ -143,3 +143,32 @@ def test_the_worker_is_not_woken_for_each_call_but_is_for_a_flush_or_a_backlog()
     t0 = time.monotonic()
     assert len(inbox.take(5.0)) == writer_mod._BATCH_CALLS
     assert time.monotonic() - t0 < 2.0
+
+
+def test_the_first_flush_imports_nothing(tmp_path: Path) -> None:
+    """An import in the worker's first flush (Arrow's of pandas: half a second) holds the
+    GIL that the hooks need. A fresh interpreter, so that no other test's imports hide one."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from pathlib import Path
+from tests.mitm_addon.test_writer import capture
+from mitm_addon.config import Config
+from mitm_addon.writer import Writer
+w = Writer(Config(out_dir=Path({str(tmp_path / "run")!r})), "run-test")
+w.start()
+before = set(sys.modules)
+w._add_rows(capture(1))
+w._flush(None)
+assert w.calls_written == 1
+w.stop()
+print(sorted(set(sys.modules) - before))
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
