@@ -6,8 +6,9 @@
   to first token would be the whole stream's).
 - ``forge``: the same ``mitmdump`` command plus ``-s mitm_addon/forge_addon.py`` recording
   to a temporary ``forge_dir`` (``forge_hosts=127.0.0.1``: the upstream's host), without
-  ``stream_large_bodies``: Forge streams (tees) responses itself, and the option would
-  also stream request bodies past the addon, which then records them empty.
+  ``stream_large_bodies``: Forge streams (tees) the requests of known APIs and their
+  responses itself, and the option would stream every request body past the addon,
+  which would then record them empty.
 - ``litellm``: LiteLLM's proxy (``litellm --config``), a gateway with an OpenAI model
   pointing at the same upstream, serving HTTPS itself, from its own virtual environment.
 
