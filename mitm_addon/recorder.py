@@ -307,7 +307,8 @@ def _build_rows(
                 canonical_json(response.response) if response.response is not None else None
             )
             messages += [
-                _item_row(h, p, c, json.loads(c), capture.call_id, "item") for h, p, c in out_rows
+                _item_row(h, p, c, item, capture.call_id, "item")
+                for (h, p, c), item in zip(out_rows, response.output_items, strict=True)
             ]
             row.update(
                 response_id=response.response_id,
@@ -368,13 +369,27 @@ def _text(value: str) -> str:
 
 
 def _utf8_safe(row: dict[str, Any]) -> dict[str, Any]:
-    """Every string of a calls row encodable as UTF-8 (header values, error texts, paths)."""
+    """Every string of a calls row encodable as UTF-8 (header values, error texts, paths).
+
+    Runs for every call: ASCII strings, nearly all of them, are left as they are."""
     for key, value in row.items():
         if isinstance(value, str):
-            row[key] = _text(value)
+            if not value.isascii():
+                row[key] = _text(value)
         elif isinstance(value, dict):
-            row[key] = {_text(k): _text(v) if isinstance(v, str) else v for k, v in value.items()}
-        elif isinstance(value, list) and value and isinstance(value[0], str):
+            if not all(
+                k.isascii() and (v.isascii() if isinstance(v, str) else True)
+                for k, v in value.items()
+            ):
+                row[key] = {
+                    _text(k): _text(v) if isinstance(v, str) else v for k, v in value.items()
+                }
+        elif (
+            isinstance(value, list)
+            and value
+            and isinstance(value[0], str)
+            and not all(v.isascii() for v in value)
+        ):
             row[key] = [_text(v) for v in value]
     return row
 
@@ -397,7 +412,10 @@ def _request_rows(
         else None
     )
     chain = chain_hashes(request.items, parent)
-    rows += [_item_row(h, p, c, json.loads(c), call_id, "item") for h, p, c in chain]
+    rows += [
+        _item_row(h, p, c, item, call_id, "item")
+        for (h, p, c), item in zip(chain, request.items, strict=True)
+    ]
     return rows, (chain[-1][0] if chain else parent)
 
 
