@@ -378,8 +378,7 @@ def _utf8_safe(row: dict[str, Any]) -> dict[str, Any]:
                 row[key] = _text(value)
         elif isinstance(value, dict):
             if not all(
-                k.isascii() and (v.isascii() if isinstance(v, str) else True)
-                for k, v in value.items()
+                k.isascii() and (not isinstance(v, str) or v.isascii()) for k, v in value.items()
             ):
                 row[key] = {
                     _text(k): _text(v) if isinstance(v, str) else v for k, v in value.items()

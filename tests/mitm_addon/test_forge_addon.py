@@ -352,7 +352,7 @@ def test_a_request_cut_off_mid_body_is_recorded_with_what_arrived(addon, tmp_pat
     f = llm_flow("api.openai.com", "/v1/chat/completions", body)
     headers_arrive(tctx, a, f)
     f.request.stream(body[:40])
-    f.error = flow_error("Client disconnected.")
+    f.error = flow.Error("Client disconnected.")
     a.error(f)
     a.done()
     (row,) = rows(tmp_path / "run")
@@ -375,7 +375,3 @@ def test_requests_that_need_their_whole_body_are_not_streamed(addon, case: str) 
     f.request.content = body  # buffered: the request hook sees it whole
     a.request(f)
     assert ("forge_capture" in f.metadata) == (case != "other-host")
-
-
-def flow_error(msg: str) -> flow.Error:
-    return flow.Error(msg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,17 +108,12 @@ def test_malformed_request_json_still_gets_a_row() -> None:
 
 def openai_stream_capture(body: bytes, error: str | None) -> Capture:
     request = {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    return Capture(
-        call_id="s",
-        run_id="r",
+    return replace(
+        anthropic_capture("s", "s", "q"),
         transport="sse",
-        method="POST",
-        scheme="https",
         host="api.openai.com",
         path="/v1/chat/completions",
-        started_at=time.time(),
         request_body=json.dumps(request).encode(),
-        status_code=200,
         response_headers={"content-type": "text/event-stream"},
         response_body=body,
         error=error,
