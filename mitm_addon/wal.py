@@ -1,10 +1,16 @@
-"""Append-only write-ahead log of completed calls, in numbered segments.
+"""Append-only write-ahead log of recorded calls, in numbered segments.
 
-A frame is ``FWL1 | kind u8 | header_len u32 | blob_len u32 | header | blob | crc32 u32``.
-Frames are appended with one ``write(2)`` each on an ``O_APPEND`` descriptor, so a
-frame is in the kernel before the harness receives the end of its response and a
-SIGKILL cannot lose it; ``sync()`` (fsync) runs from the writer thread to survive
-power loss too. Reading stops at the first torn or corrupt frame.
+A frame is ``FWL1 | kind u8 | header_len u32 | blob_len u32 | header | blob | crc32 u32``;
+the header is a JSON object. Frames are appended with one ``write(2)`` each on an
+``O_APPEND`` descriptor, so a frame is in the kernel before the harness receives the end
+of its response and a SIGKILL cannot lose it; ``sync()`` (fsync) runs from a thread of
+its own to survive power loss too, without holding the lock the hooks append under: an
+fsync takes milliseconds, and the event loop must not wait for the disk.
+
+The newest segment is the live one; the proxy closes it (starts the next) every second,
+and the shard builder (``mitm_addon.builder``) reads closed segments only. A torn or
+corrupt frame (a write cut short by a kill or a full disk) is skipped: reading resumes
+at the next frame whose checksum holds.
 """
 
 from __future__ import annotations
@@ -24,36 +30,73 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"FWL1"
 BEGIN = 1  # a call started (header only)
-END = 2  # a call ended (header + bodies)
+END = 2  # a call ended (header + bodies); "process_pending": a PROC frame follows
+PROC = 3  # the client process of an ended call, once its lookup finished (header only)
+COUNTS = 4  # {"endpoints": [[host, method, path, status, requests], ...]} of non-model calls
 _HEAD = struct.Struct("<4sBII")
 _CRC = struct.Struct("<I")
 
 
-def encode_frame(kind: int, header: bytes, blob: bytes) -> bytes:
-    crc = zlib.crc32(blob, zlib.crc32(header))
-    return b"".join((_HEAD.pack(MAGIC, kind, len(header), len(blob)), header, blob, _CRC.pack(crc)))
+def encode_frame(kind: int, header: bytes, *blob: bytes) -> bytes:
+    """One frame; the blob may come in parts (a call's request and response bodies), which
+    are then copied once, into the frame."""
+    crc = zlib.crc32(header)
+    for part in blob:
+        crc = zlib.crc32(part, crc)
+    size = sum(map(len, blob))
+    return b"".join((_HEAD.pack(MAGIC, kind, len(header), size), header, *blob, _CRC.pack(crc)))
 
 
 def read_frames(data: bytes) -> tuple[list[tuple[int, dict[str, Any], bytes]], int]:
-    """(frames, bytes of a torn or corrupt tail that were skipped)."""
+    """(frames, bytes skipped: torn or corrupt frames, and a torn tail).
+
+    After a bad frame, reading resumes at the next ``FWL1`` that starts a frame whose
+    checksum holds, so a write cut short mid-segment loses only its own frame."""
     frames: list[tuple[int, dict[str, Any], bytes]] = []
-    pos = 0
-    while pos + _HEAD.size <= len(data):
+    pos = skipped = 0
+    size = len(data)
+    while pos + _HEAD.size <= size:
         magic, kind, hlen, blen = _HEAD.unpack_from(data, pos)
         end = pos + _HEAD.size + hlen + blen + _CRC.size
-        if magic != MAGIC or end > len(data):
+        frame = None
+        if magic == MAGIC and end <= size:
+            header = data[pos + _HEAD.size : pos + _HEAD.size + hlen]
+            blob = data[pos + _HEAD.size + hlen : end - _CRC.size]
+            (crc,) = _CRC.unpack_from(data, end - _CRC.size)
+            if crc == zlib.crc32(blob, zlib.crc32(header)):
+                try:
+                    value = json.loads(header)
+                except ValueError:
+                    value = None
+                if isinstance(value, dict):
+                    frame = (kind, value, blob)
+        if frame is not None:
+            frames.append(frame)
+            pos = end
+            continue
+        resume = data.find(MAGIC, pos + 1)
+        if resume < 0:
             break
-        header = data[pos + _HEAD.size : pos + _HEAD.size + hlen]
-        blob = data[pos + _HEAD.size + hlen : end - _CRC.size]
-        (crc,) = _CRC.unpack_from(data, end - _CRC.size)
-        if crc != zlib.crc32(blob, zlib.crc32(header)):
-            break
-        try:
-            frames.append((kind, json.loads(header), blob))
-        except ValueError:
-            break
-        pos = end
-    return frames, len(data) - pos
+        skipped += resume - pos
+        pos = resume
+    return frames, skipped + (size - pos)
+
+
+def segment_path(directory: Path, seq: int) -> Path:
+    return directory / f"{seq:08d}.wal"
+
+
+def list_segments(directory: Path) -> list[int]:
+    """The segments' numbers, oldest first (the last one is live while a proxy runs)."""
+    return sorted(int(p.stem) for p in directory.glob("*.wal") if p.stem.isdigit())
+
+
+def remove_segments(directory: Path, upto: int, keep: int | None = None) -> None:
+    """Delete the segments numbered <= upto (their calls are in shards), but ``keep``."""
+    for seq in list_segments(directory):
+        if seq <= upto and seq != keep:
+            segment_path(directory, seq).unlink(missing_ok=True)
+    _fsync_dir(directory)
 
 
 class WalBusy(OSError):
@@ -81,19 +124,19 @@ class Wal:
         existing = self.segments()
         self.seq = (existing[-1] + 1) if existing else 1
         self._fd = self._open(self.seq)
+        _fsync_dir(directory)
         self._dirty = False
+        self._dir_dirty = False  # a segment was made since the directory's last fsync
+        self._retired: list[int] = []  # descriptors of rotated segments, not yet synced
 
     def _open(self, seq: int) -> int:
-        path = self.directory / f"{seq:08d}.wal"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _fsync_dir(self.directory)
-        return fd
+        return os.open(self.path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def segments(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.directory.glob("*.wal") if p.stem.isdigit())
+        return list_segments(self.directory)
 
     def path(self, seq: int) -> Path:
-        return self.directory / f"{seq:08d}.wal"
+        return segment_path(self.directory, seq)
 
     def append_locked(self, frame: bytes) -> None:
         """Append one frame; the caller holds ``lock``. Raises OSError (disk full, ...)."""
@@ -104,37 +147,72 @@ class Wal:
         self._dirty = True
 
     def rotate_locked(self) -> int:
-        """Start a new segment; returns the number of the one closed. Caller holds ``lock``."""
+        """Start a new segment; returns the number of the one closed. Caller holds ``lock``.
+
+        The closed segment is synced (and closed) by the next ``sync``, outside the lock."""
         old = self.seq
-        os.fsync(self._fd)
-        os.close(self._fd)
+        new_fd = self._open(self.seq + 1)
+        self._retired.append(self._fd)
         self.seq += 1
-        self._fd = self._open(self.seq)
-        self._dirty = False
+        self._fd = new_fd
+        self._dirty = self._dir_dirty = True
         return old
 
     def sync(self) -> None:
+        """fsync what was appended (and rotated segments, and the directory) since the last
+        call. Holds ``lock`` only to take the descriptors; appends go on meanwhile."""
         with self.lock:
-            if self._dirty:
-                os.fsync(self._fd)
-                self._dirty = False
+            if self._fd < 0 or not (self._dirty or self._retired or self._dir_dirty):
+                return
+            retired, live = self._retired, os.dup(self._fd)
+            self._retired = []
+            sync_dir, self._dir_dirty, self._dirty = self._dir_dirty, False, False
+        try:
+            for fd in (*retired, live):
+                os.fsync(fd)
+            if sync_dir:
+                _fsync_dir(self.directory)
+        except OSError:
+            with self.lock:  # tried again next time
+                self._retired = retired + self._retired
+                self._dirty = self._dir_dirty = True
+            os.close(live)
+            raise
+        for fd in (*retired, live):
+            os.close(fd)
 
     def remove(self, upto: int) -> None:
         """Delete the closed segments numbered <= upto (their calls are in shards)."""
-        for seq in self.segments():
-            if seq <= upto and seq != self.seq:
-                self.path(seq).unlink(missing_ok=True)
-        _fsync_dir(self.directory)
+        remove_segments(self.directory, upto, keep=self.seq)
 
-    def close(self) -> None:
+    @property
+    def lock_fd(self) -> int:
+        """The descriptor holding the directory's flock (a child that inherits it holds
+        the lock until it exits too)."""
+        return self._lock_fd
+
+    def close_segment(self) -> None:
+        """fsync and close the live segment, keeping the directory's lock: appends fail
+        from now on, and the builder may read every segment as closed."""
+        self.sync()
         with self.lock:
+            for fd in self._retired:
+                os.close(fd)
+            self._retired = []
             if self._fd >= 0:
                 os.fsync(self._fd)
                 os.close(self._fd)
                 self._fd = -1
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)  # releases the flock
-                self._lock_fd = -1
+
+    def close(self) -> None:
+        """Close the live segment and release the directory's lock."""
+        try:
+            self.close_segment()
+        finally:
+            with self.lock:
+                if self._lock_fd >= 0:
+                    os.close(self._lock_fd)  # releases the flock (unless a child holds it too)
+                    self._lock_fd = -1
 
 
 def _lock_directory(directory: Path, wait_s: float) -> int:

@@ -30,12 +30,20 @@ def test_a_torn_tail_never_yields_a_partial_frame(
     )
 
 
-def test_a_corrupt_frame_stops_reading(tmp_path: Path) -> None:
+def test_a_corrupt_frame_is_skipped_and_reading_resumes_at_the_next(tmp_path: Path) -> None:
     good = wal.encode_frame(wal.END, b"{}", b"abc")
     bad = bytearray(wal.encode_frame(wal.END, b"{}", b"xyz"))
     bad[-6] ^= 0xFF
     got, torn = wal.read_frames(good + bytes(bad) + good)
-    assert len(got) == 1 and torn == len(bad) + len(good)
+    assert [b for _, _, b in got] == [b"abc", b"abc"] and torn == len(bad)
+
+
+def test_a_frame_cut_short_mid_segment_loses_only_itself() -> None:
+    """A write that fails part way (disk full) leaves a torn frame; later frames still read."""
+    first, later = (wal.encode_frame(wal.END, b'{"n": %d}' % i, b"x" * 50) for i in (1, 2))
+    cut = wal.encode_frame(wal.END, b'{"n": 9}', b"FWL1" * 40)[:60]  # holds the magic, too
+    got, torn = wal.read_frames(first + cut + later)
+    assert [h["n"] for _, h, _ in got] == [1, 2] and torn == len(cut)
 
 
 def test_rotation_opens_a_new_segment_and_remove_keeps_the_live_one(tmp_path: Path) -> None:
