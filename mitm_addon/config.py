@@ -36,6 +36,9 @@ class Redaction:
     patterns: tuple[re.Pattern[str], ...] = ()  # scrubbed from stored text
 
 
+BUILDERS = ("process", "thread")
+
+
 @dataclass(frozen=True)
 class Config:
     out_dir: Path | None
@@ -53,6 +56,7 @@ class Config:
     min_free_bytes: int = 64 * 1024 * 1024
     process_lookup: bool = True
     refuse_websocket: bool = False
+    builder: str = "process"  # where shards are built: a child process, or a thread
     # Serve mode: the policy server's base URL, the policy's tokenizer folder, and the
     # requested models it answers (empty: all).
     policy_url: str | None = None

@@ -1,12 +1,15 @@
 """Forge's mitmproxy addon: ``mitmdump -s mitm_addon/forge_addon.py --set forge_dir=DIR``.
 
-Only wiring lives here: options, hooks, and the hand-off to the writer. LLM hosts
+Only wiring lives here: options, hooks, and the hand-off to the writer (the WAL; shards
+are built from it by ``mitm_addon.builder``, a child process). LLM hosts
 (``forge_hosts``) are intercepted and their model calls recorded; every other host
 is tunnelled untouched (no forged certificate) or answered 404 (``forge_other_hosts``).
 Responses are teed, never buffered: the harness gets each chunk when upstream sends it.
 Requests to a known model API are teed too (sent upstream as they arrive, as bare
-mitmproxy streams them), so the recording work of the ``request`` hook runs while the
-provider already has the request; other requests are buffered and examined whole.
+mitmproxy streams them); other requests are buffered and examined whole. On the way of
+a request and its response the hooks do little more than open the call's record (its
+BEGIN frame); its headers are redacted, its bodies scrubbed and its END frame written at
+its end, once the response has passed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -37,17 +41,27 @@ from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.ids import new_id
 from mitm_addon.protocols import find_adapter, openai_responses
-from mitm_addon.redact import proxy_auth_user, redact_headers, redact_query, scrub_body
+from mitm_addon.protocols.base import Adapter
+from mitm_addon.redact import (
+    REDACTED,
+    proxy_auth_user,
+    redact_headers,
+    redact_query,
+    scrub_body,
+)
 from mitm_addon.serve.handler import Answer as ServeAnswer
 from mitm_addon.serve.handler import Server as ServeServer
 from mitm_addon.serve.handler import answers_locally, parse_models
 from mitm_addon.serve.handler import error_answer as serve_error_answer
 from mitm_addon.serve.renderer import TemplateError
-from mitm_addon.writer import Writer
+from mitm_addon.writer import Writer, found_process
 
 log = logging.getLogger(__name__)
 _PARENT_POLL_S = 0.5
 _LOOKUP_WAIT_S = 2.0  # the longest a first request waits for its client's process lookup
+# Distinct Host headers whose parsed host (and forge_hosts verdict) is kept: a proxy sees a
+# handful; the bound only stops a client that sends a new one per request from growing it.
+_HOST_CACHE_SIZE = 1024
 
 # WebSocket server messages that end one Responses call (checked on a message's head).
 _WS_TERMINAL = re.compile(
@@ -101,13 +115,17 @@ class ForgeAddon:
         self.run_id = new_id("run-")
         self._conn_rollout: dict[str, str] = {}
         self._conn_process: dict[str, concurrent.futures.Future[ProcessInfo | None]] = {}
+        self._conn_found: dict[str, ProcessInfo | None] = {}  # lookups seen done, by connection
+        self._hosts: dict[str, tuple[str, bool]] = {}  # Host header -> (host, in forge_hosts)
+        self._adapters: dict[tuple[str, str], Adapter | None] = {}  # (method, path) -> adapter
         self._lookups = ProcessLookups(os.getpid())
         self._local_addresses = local_addresses()
         self._parent_watch: asyncio.Task[None] | None = None
         # Serve mode answers model calls in an async hook of its own (a child addon, so it
-        # runs after this addon's request hook has opened the call's record).
+        # runs after this addon's request hook has opened the call's record). mitmproxy
+        # walks ``addons`` at every event: the child is there only in serve mode.
         self.serve = ServeHook(self)
-        self.addons = [self.serve]
+        self.addons: list[ServeHook] = []
 
     # -- options -------------------------------------------------------------------------
 
@@ -232,6 +250,15 @@ class ForgeAddon:
             "Find the client process of each connection (pid, ancestors, FORGE_ROLLOUT_ID).",
         )
         loader.add_option(
+            "forge_builder",
+            str,
+            "process",
+            "Where recorded calls become Parquet shards: process (a child process, python -m "
+            "mitm_addon.builder, so that parsing and encoding take nothing from the proxy's "
+            "event loop) or thread (a thread of the proxy: no child process, at a cost in "
+            "throughput). Either reads the write-ahead log the hooks append to.",
+        )
+        loader.add_option(
             "forge_refuse_websocket",
             bool,
             False,
@@ -297,6 +324,7 @@ class ForgeAddon:
                 ),
                 process_lookup=o.forge_process_lookup,
                 refuse_websocket=o.forge_refuse_websocket,
+                builder=cfg.parse_choice("forge_builder", o.forge_builder, cfg.BUILDERS),
                 policy_url=cfg.parse_policy_url(o.forge_policy) if o.forge_policy else None,
                 tokenizer_dir=Path(o.forge_tokenizer).expanduser().resolve()
                 if o.forge_tokenizer
@@ -312,8 +340,10 @@ class ForgeAddon:
         except cfg.ConfigError as e:
             raise exceptions.OptionsError(str(e)) from e
         self.serve.server = server
+        self.addons = [self.serve] if server is not None else []
         old_dir = self.config.out_dir if self.config else None
         self.config = new
+        self._hosts.clear()
         self.config_error = None if new.out_dir else "forge_dir is not set: add --set forge_dir=DIR"
         if self.writer is not None and new.out_dir != old_dir:
             self.writer.stop()
@@ -362,10 +392,13 @@ class ForgeAddon:
         ctx.master.shutdown()
 
     def done(self) -> None:
+        # Lookups first: a call still waiting for its process gets its (empty) PROC frame
+        # while the log is open.
+        self._lookups.shutdown()
         if self.writer is not None:
             self.writer.stop()
             self.writer = None
-        self._lookups.shutdown()
+        self.serve.done()  # also when a configure left serve mode: its pool may have threads
 
     # -- connections ---------------------------------------------------------------------
 
@@ -381,16 +414,47 @@ class ForgeAddon:
     def client_disconnected(self, client: connection.Client) -> None:
         self._conn_rollout.pop(client.id, None)
         self._conn_process.pop(client.id, None)
+        self._conn_found.pop(client.id, None)
 
-    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+    def _process_of(
+        self, conn_id: str
+    ) -> tuple[ProcessInfo | None, concurrent.futures.Future[ProcessInfo | None] | None]:
+        """(the connection's client process, once its lookup is done; else the lookup still
+        running). Read from the future once per connection (each read takes its lock)."""
+        if conn_id in self._conn_found:
+            return self._conn_found[conn_id], None
+        future = self._conn_process.get(conn_id)
+        if future is None or not future.done():
+            return None, future
+        info = self._conn_found[conn_id] = found_process(future)
+        return info, None
+
+    def _adapter(self, method: str, path: str) -> Adapter | None:
+        """``find_adapter``, kept by (method, path): a harness calls one or two endpoints."""
+        key = (method, path)
+        if key not in self._adapters:
+            if len(self._adapters) >= _HOST_CACHE_SIZE:
+                self._adapters.clear()
+            self._adapters[key] = find_adapter(method, path)
+        return self._adapters[key]
+
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         # The lookup needs the client's socket to exist: a client that sends one request and
         # closes as soon as it has the answer (the OpenAI SDK after a stream's [DONE]) can be
         # gone before a lookup that lagged (a busy proxy) reads /proc. Hold the connection's
-        # first request until its lookup is done; later requests find it done.
+        # first request until its lookup is done; later requests find it done. mitmproxy
+        # awaits what a hook returns: a coroutine only then, so other requests cost no task.
         process = self._conn_process.get(flow.client_conn.id)
         if process is not None and not process.done():
-            with contextlib.suppress(asyncio.TimeoutError, concurrent.futures.CancelledError):
-                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(process)), _LOOKUP_WAIT_S)
+            return self._stream_after_lookup(flow, process)
+        self._stream_request(flow)
+        return None
+
+    async def _stream_after_lookup(
+        self, flow: http.HTTPFlow, process: concurrent.futures.Future[ProcessInfo | None]
+    ) -> None:
+        with contextlib.suppress(asyncio.TimeoutError, concurrent.futures.CancelledError):
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(process)), _LOOKUP_WAIT_S)
         self._stream_request(flow)
 
     def _stream_request(self, flow: http.HTTPFlow) -> None:
@@ -409,18 +473,32 @@ class ForgeAddon:
             or self.serve.server is not None
         ):
             return
+        # What decides it, from mitmproxy's header tuple in one pass: each mitmproxy header
+        # lookup decodes and lower-cases every header again. Redacting the headers for the
+        # record waits for the call's end, off the request's path.
+        length = upgrade = host_header = None
+        proxy_auth = False
+        for name, value in request.headers.fields:
+            key = name.lower()
+            if key == b"content-length":
+                length = value if length is None else b"x"  # repeated: not a size
+            elif key == b"host":
+                host_header = value if host_header is None else b""  # repeated: parse it
+            elif key == b"upgrade":
+                upgrade = value
+            elif key == b"proxy-authorization":
+                proxy_auth = True
         try:
-            size = int(request.headers.get("content-length", ""))
+            size = int(length or b"")
         except ValueError:
             return
-        if not 0 < size <= config.max_body_bytes or "upgrade" in request.headers:
+        if not 0 < size <= config.max_body_bytes or upgrade is not None:
             return
-        host = request.pretty_host.lower()
-        if not cfg.host_matches(host, config.hosts) or not find_adapter(
-            request.method, request.path
-        ):
+        host, llm = self._host_of(request, host_header.decode("latin-1") if host_header else None)
+        if not llm or not self._adapter(request.method, request.path):
             return
-        self._take_proxy_auth(flow)
+        if proxy_auth:
+            self._take_proxy_auth(flow)  # never sent on, never stored
         capture = self._new_capture(flow, host)
         if not self._log_begin(capture):
             return
@@ -428,6 +506,26 @@ class ForgeAddon:
         request.stream = tee
         flow.metadata.update(forge_capture=capture, forge_request_tee=tee)
         self._reroute(flow, host)
+
+    def _host_of(self, request: http.Request, host_header: str | None) -> tuple[str, bool]:
+        """(``request.pretty_host`` lower-cased, whether it is one of ``forge_hosts``), by
+        Host header: mitmproxy parses and validates the authority on every call otherwise.
+
+        ``host_header`` is the request's Host header as the hooks read it; HTTP/2 and 3 name
+        the authority instead, which ``request.host_header`` gives."""
+        assert self.config is not None
+        if request.is_http2 or request.is_http3:
+            host_header = request.host_header
+        if not host_header or not host_header.isascii():  # the rare case: parse every time
+            host = request.pretty_host.lower()
+            return host, cfg.host_matches(host, self.config.hosts)
+        known = self._hosts.get(host_header)
+        if known is None:
+            if len(self._hosts) >= _HOST_CACHE_SIZE:
+                self._hosts.clear()
+            host = request.pretty_host.lower()
+            known = self._hosts[host_header] = (host, cfg.host_matches(host, self.config.hosts))
+        return known
 
     def _take_proxy_auth(self, flow: http.HTTPFlow) -> None:
         """Remove ``Proxy-Authorization`` (never sent on); its user names the rollout."""
@@ -443,23 +541,23 @@ class ForgeAddon:
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         if self.config is None:
             return
-        host = data.client_hello.sni or (data.context.server.address or ("",))[0]
+        # The SNI as mitmproxy already read it from the ClientHello (reading
+        # ``data.client_hello.sni`` walks the parsed extensions again).
+        host = data.context.client.sni or (data.context.server.address or ("",))[0]
         if not cfg.host_matches(str(host), self.config.hosts) and self.config.other_hosts == "pass":
             data.ignore_connection = True
 
     # -- HTTP ------------------------------------------------------------------------------
 
     def request(self, flow: http.HTTPFlow) -> None:
-        tee: Tee | None = flow.metadata.pop("forge_request_tee", None)
-        if tee is not None:  # streamed: its record was opened at its headers
-            self._set_request_body(flow, flow.metadata["forge_capture"], tee.body())
-            return
+        if "forge_request_tee" in flow.metadata:
+            return  # teed: its record was opened at its headers, and is completed at its end
         config = self.config
         self._take_proxy_auth(flow)
         if config is None:
             return
-        host = flow.request.pretty_host.lower()
-        if not cfg.host_matches(host, config.hosts):
+        host, llm = self._host_of(flow.request, flow.request.host_header)
+        if not llm:
             if config.other_hosts == "404":
                 flow.response = _json_response(
                     404, {"error": f"{host} is not served here (forge_other_hosts=404)"}
@@ -481,7 +579,7 @@ class ForgeAddon:
                 )
                 return
             flow.metadata["forge_ws"] = True
-        elif find_adapter(method, path) is not None or _looks_like_model_call(
+        elif self._adapter(method, path) is not None or _looks_like_model_call(
             flow, config.max_body_bytes
         ):
             self._begin(flow, host)
@@ -495,9 +593,10 @@ class ForgeAddon:
         capture: Capture | None = flow.metadata.get("forge_capture")
         if capture is None or flow.response is None or flow.metadata.get("forge_served"):
             return  # served calls are answered whole: nothing to tee
-        if "text/event-stream" in flow.response.headers.get("content-type", ""):
-            capture.transport = "sse"
         assert self.config is not None
+        for name, value in flow.response.headers.fields:  # no mitmproxy lookup: it decodes all
+            if name.lower() == b"content-type" and b"text/event-stream" in value:
+                capture.transport = "sse"
         tee = Tee(self.config.max_body_bytes)
         flow.response.stream = tee
         flow.metadata["forge_tee"] = tee
@@ -530,7 +629,7 @@ class ForgeAddon:
                 426, {"error": "Forge serve mode answers the Responses API over HTTP; use SSE"}
             )
             return True
-        if find_adapter(method, path) is not None:
+        if self._adapter(method, path) is not None:
             if not server.serves(_requested_model(flow, self.config.max_body_bytes)):
                 return False  # another model's call: to its provider, recorded
             self._begin(flow, host)
@@ -591,11 +690,9 @@ class ForgeAddon:
             capture.status_code = 101
             body = message.content
             capture.request_wire_bytes = len(body)
-            capture.request_body = (
-                scrub_body(body, flow.metadata.get("forge_secrets", ()), self.config.redaction)
-                if self.config
-                else body
-            )
+            assert self.config is not None
+            capture.request_headers, secrets = self._request_headers(flow)
+            capture.request_body = scrub_body(body, secrets, self.config.redaction)
             if not self._log_begin(capture):
                 return
             flow.metadata["forge_ws_call"] = _WsCall(capture)
@@ -618,22 +715,21 @@ class ForgeAddon:
     # -- helpers -----------------------------------------------------------------------------
 
     def _new_capture(self, flow: http.HTTPFlow, host: str) -> Capture:
+        """A new call's record, as its BEGIN frame needs it: the path is redacted now (it is
+        written at once); the headers and bodies wait for the call's end (``_request_headers``
+        redacts the headers as they are now, before a reroute rewrites Host)."""
         assert self.config is not None
         rollout = self._conn_rollout.get(flow.client_conn.id)
         source = "proxy_auth" if rollout else None
         if rollout is None and self.config.rollout:
             rollout, source = self.config.rollout, "option"
-        headers = flow.metadata.get("forge_headers")
         path = flow.metadata.get("forge_path")
-        if headers is None or path is None:
-            headers, secrets = redact_headers(
-                flow.request.headers.items(multi=True), self.config.redaction
-            )
-            path, more = redact_query(flow.request.path, self.config.redaction)
+        if path is None:  # the flow's first call (a WebSocket has more)
+            path, query_secrets = redact_query(flow.request.path, self.config.redaction)
             flow.metadata.update(
-                forge_headers=headers,
                 forge_path=path,
-                forge_secrets=secrets + more,
+                forge_query_secrets=query_secrets,
+                forge_request_fields=flow.request.headers.fields,
                 forge_host=host,
             )
         capture = Capture(
@@ -648,21 +744,29 @@ class ForgeAddon:
             rollout_id=rollout,
             rollout_source=source,
             client_conn_id=flow.client_conn.id,
-            request_headers=headers,
         )
-        process = self._conn_process.get(flow.client_conn.id)
-        if process is not None and process.done() and (info := process.result()) is not None:
-            capture.pid, capture.process_name, capture.parent_pids = (
-                info.pid,
-                info.name,
-                info.parent_pids,
-            )
+        info, _ = self._process_of(flow.client_conn.id)
+        if info is not None:
+            capture.set_process(info.pid, info.name, info.parent_pids, info.rollout_id)
         return capture
+
+    def _request_headers(self, flow: http.HTTPFlow) -> tuple[dict[str, str], list[str]]:
+        """(the request's headers as stored, the secret values to scrub from its bodies),
+        from the headers as they were when its record opened; worked out once per flow."""
+        known: tuple[dict[str, str], list[str]] | None = flow.metadata.get("forge_headers")
+        if known is None:
+            assert self.config is not None
+            fields = flow.metadata.get("forge_request_fields", flow.request.headers.fields)
+            headers, secrets = redact_headers(fields, self.config.redaction)
+            known = (headers, secrets + flow.metadata.get("forge_query_secrets", []))
+            flow.metadata["forge_headers"] = known
+        return known
 
     def _begin(self, flow: http.HTTPFlow, host: str) -> None:
         assert self.config is not None
         capture = self._new_capture(flow, host)
-        self._set_request_body(flow, capture, flow.request.raw_content or b"")
+        if flow.request.timestamp_end:
+            capture.started_at = flow.request.timestamp_end
         if self._log_begin(capture):
             flow.metadata["forge_capture"] = capture
         elif self.config.on_write_error == "fail":
@@ -675,9 +779,13 @@ class ForgeAddon:
                 },
             )
 
-    def _set_request_body(self, flow: http.HTTPFlow, capture: Capture, raw: bytes) -> None:
+    def _set_request_body(
+        self, flow: http.HTTPFlow, capture: Capture, raw: bytes, secrets: list[str]
+    ) -> None:
         assert self.config is not None
-        encoding = flow.request.headers.get("content-encoding")
+        encoding = capture.request_headers.get("content-encoding")
+        if encoding == REDACTED:  # kept off disk by forge_redact; the request still has it
+            encoding = flow.request.headers.get("content-encoding")
         capture.request_wire_bytes = len(raw)
         capture.request_encoding = encoding
         body = raw
@@ -686,9 +794,7 @@ class ForgeAddon:
                 body = decode_body(raw, encoding, self.config.max_body_bytes)
             except BodyError as e:
                 capture.error = f"request body: {e}"
-        capture.request_body = scrub_body(
-            body, flow.metadata["forge_secrets"], self.config.redaction
-        )
+        capture.request_body = scrub_body(body, secrets, self.config.redaction)
         if capture.started_at and flow.request.timestamp_end:
             capture.started_at = flow.request.timestamp_end
 
@@ -715,16 +821,20 @@ class ForgeAddon:
             )
 
     def _end(self, flow: http.HTTPFlow, error: str | None) -> None:
+        """Complete the record and log it: the headers redacted and the bodies scrubbed here,
+        once the response has passed, not on the way of the request or the response."""
         capture: Capture = flow.metadata.pop("forge_capture")
         tee: Tee | None = flow.metadata.pop("forge_tee", None)
+        sent: Tee | None = flow.metadata.pop("forge_request_tee", None)
         assert self.config is not None
-        if (sent := flow.metadata.pop("forge_request_tee", None)) is not None:
-            self._set_request_body(flow, capture, sent.body())  # it failed before its end
+        capture.request_headers, secrets = self._request_headers(flow)
+        raw = sent.body() if sent is not None else (flow.request.raw_content or b"")
+        self._set_request_body(flow, capture, raw, secrets)
         capture.ended_at = time.time()
         if flow.response is not None:
             capture.status_code = flow.response.status_code
             capture.response_headers, _ = redact_headers(
-                flow.response.headers.items(multi=True), self.config.redaction
+                flow.response.headers.fields, self.config.redaction
             )
             if tee is not None:
                 body = tee.body()
@@ -735,12 +845,20 @@ class ForgeAddon:
                 body = flow.response.raw_content or b""
                 capture.response_wire_bytes = len(body)
                 capture.first_byte_at = flow.response.timestamp_start
-            capture.response_body = scrub_body(
-                body, flow.metadata.get("forge_secrets", ()), self.config.redaction
-            )
+            capture.response_body = scrub_body(body, secrets, self.config.redaction)
         if error:
             capture.error = error
-        self._log_end(capture, self._conn_process.get(flow.client_conn.id))
+        self._log_end(capture, self._lookup_at_end(flow, capture))
+
+    def _lookup_at_end(
+        self, flow: http.HTTPFlow, capture: Capture
+    ) -> concurrent.futures.Future[ProcessInfo | None] | None:
+        """The call's client process, if its lookup ended after the call began; else the
+        lookup still running, for the writer to wait on."""
+        info, running = self._process_of(flow.client_conn.id)
+        if info is not None and capture.pid is None:
+            capture.set_process(info.pid, info.name, info.parent_pids, info.rollout_id)
+        return running
 
     def _end_ws(self, flow: http.HTTPFlow, call: _WsCall, error: str | None) -> None:
         flow.metadata.pop("forge_ws_call", None)
@@ -750,12 +868,11 @@ class ForgeAddon:
         body = json.dumps(call.messages, ensure_ascii=False).encode("utf-8")
         capture.response_wire_bytes = sum(len(m) for m in call.messages)
         assert self.config is not None
-        capture.response_body = scrub_body(
-            body, flow.metadata.get("forge_secrets", ()), self.config.redaction
-        )
+        _, secrets = self._request_headers(flow)
+        capture.response_body = scrub_body(body, secrets, self.config.redaction)
         if error:
             capture.error = error
-        self._log_end(capture, self._conn_process.get(flow.client_conn.id))
+        self._log_end(capture, self._lookup_at_end(flow, capture))
 
     def _reroute(self, flow: http.HTTPFlow, host: str) -> None:
         assert self.config is not None
@@ -783,7 +900,11 @@ class ServeHook:
         self.key: tuple[Any, ...] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="forge-serve")
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Record mode has no server: no coroutine (and no task for mitmproxy to run) per call.
+        return None if self.server is None else self._request(flow)
+
+    async def _request(self, flow: http.HTTPFlow) -> None:
         host = flow.metadata.pop("forge_serve_local", None)
         if host is not None and self.server is not None:
             loop = asyncio.get_running_loop()

@@ -33,15 +33,22 @@ SECRET_PARAMS = frozenset(
 
 
 def redact_headers(
-    headers: Iterable[tuple[str, str]], redaction: Redaction
+    headers: Iterable[tuple[str, str]] | Iterable[tuple[bytes, bytes]], redaction: Redaction
 ) -> tuple[dict[str, str], list[str]]:
-    """(headers to store, secret values seen): names lower-cased, repeats joined with ', '."""
+    """(headers to store, secret values seen): names lower-cased, repeats joined with ', '.
+
+    Takes mitmproxy's decoded pairs (``headers.items(multi=True)``) or its raw byte pairs
+    (``headers.fields``), which the hooks pass: one pass, without mitmproxy decoding each."""
     out: dict[str, str] = {}
     secrets: list[str] = []
     for raw_name, raw_value in headers:
-        # mitmproxy decodes header bytes with surrogateescape; store them as valid UTF-8.
-        name, value = _printable(raw_name), _printable(raw_value)
-        key = name.lower()
+        # Stored as valid UTF-8: undecodable bytes become U+FFFD (mitmproxy's strings hold
+        # them as surrogate escapes). Inline: this runs for every header of every call.
+        if isinstance(raw_name, bytes) and isinstance(raw_value, bytes):
+            key = raw_name.decode("utf-8", "replace").lower()
+            value = raw_value.decode("utf-8", "replace")
+        else:
+            key, value = _printable(str(raw_name)).lower(), _printable(str(raw_value))
         if key in SECRET_HEADERS or key in redaction.headers:
             secrets.extend(_secret_parts(value))
             value = REDACTED

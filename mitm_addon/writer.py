@@ -1,66 +1,66 @@
-"""The recorder's I/O: WAL appends from the hooks, parsing and shards on a worker thread.
+"""The recorder's I/O in the proxy: WAL frames from the hooks; shards from a builder.
 
-Hooks call ``begin`` and ``end``; each writes one WAL frame (a single ``write(2)``,
-microseconds) and ``end`` hands the capture to the worker. The worker parses,
-hashes and buffers rows, and flushes them to Parquet shards when a rotation limit
-(rows, bytes, seconds) is reached; a shard's WAL segments are deleted only after
-the shard is durable. ``start`` first recovers the segments a killed proxy left.
+Hooks call ``begin`` and ``end``; each appends one WAL frame (a single ``write(2)``), so a
+call is durable once its response has passed. Everything else runs elsewhere. A thread of
+the proxy, ``forge-wal``, fsyncs the log and closes the live segment every second. A
+builder (``mitm_addon.builder``) reads the closed segments and turns them into shards:
+by default a child process (``forge_builder=process``), so that building rows, which
+on 2 cores cost the event loop a tenth of its throughput when done on a thread, takes
+nothing from the GIL; or a thread (``forge_builder=thread``). ``start`` first recovers
+the segments a killed proxy left; ``stop`` closes the log and waits for the builder to
+store every call.
 
-The worker takes finished calls in batches, every ``_BATCH_S`` or as soon as
-``_BATCH_CALLS`` wait. Waking the thread for each call (a ``queue.Queue``) made the
-event loop hand the GIL over for each call, which cost more than the parsing: about
-0.5 ms of the proxy's CPU per call on 2 cores. A call is durable once its WAL frame
-is written, so the wait delays only its shard.
+A call's client process is looked up when its connection opens and is written into its
+END frame. A lookup still running then (it has already kept the request waiting for up
+to 2 s) gets its own PROC frame when it ends; meanwhile the END frame is written again
+into each new segment, as the BEGIN frames of calls in flight are, so that the segment
+the builder deletes never holds the only copy.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Protocol
 
-import pyarrow as pa
-
+from mitm_addon import builder as builder_mod
 from mitm_addon import wal as wal_mod
 from mitm_addon.attribution import ProcessInfo
 from mitm_addon.capture import Capture, dumps
 from mitm_addon.config import Config
-from mitm_addon.recorder import build_rows
-from mitm_addon.tokens import count_tokens
-from pipeline.schema import TABLES
-from pipeline.shards import read_column_values, remove_stale_temporaries, write_shard
+from pipeline.shards import remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
-_BATCH_S = 0.05  # the worker's longest sleep while calls wait
-_BATCH_CALLS = 256  # calls waiting that wake the worker at once (bounds the memory held)
-_SYNC_EVERY_S = 0.2  # fsync of the WAL for power-loss durability (SIGKILL needs none)
-_PROCESS_WAIT_S = 2.0
+_TICK_S = 0.2  # the forge-wal thread's period: fsync of the WAL (SIGKILL needs none)
+_ROTATE_S = 1.0  # the live segment is closed this often while calls arrive
+_RESTART_S = 1.0  # before a dead builder is started again; doubled while it keeps dying
+_RESTART_MAX_S = 30.0
+_QUICK_DEATH_S = 5.0  # a child that dies sooner than this after its start failed to start
+_FALLBACK_AFTER = 3  # quick deaths in a row, after which shards are built on a thread
+_STOP_TIMEOUT_S = 30.0
+# Free space is read (statvfs) for each call once less than this is free above
+# forge_min_free_bytes; with more, at most every _FREE_SPACE_TTL_S: a call on the event
+# loop need not pay a system call to learn that gigabytes are still free.
+_FREE_SPACE_MARGIN = 256 * 1024 * 1024
+_FREE_SPACE_TTL_S = 0.5
+_REPO = Path(__file__).resolve().parent.parent  # on the child's path, as the addon puts it
 
 
-@dataclass
-class RecoveryReport:
-    segments: int = 0
-    calls: int = 0
-    incomplete: int = 0
-    torn_bytes: int = 0
-    temporaries: int = 0
-
-
-@dataclass
-class _Buffer:
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    bytes: int = 0
-    since: float | None = None
+class _Runner(Protocol):
+    def start(self) -> None: ...
+    def check(self) -> None: ...
+    def finish(self, timeout: float) -> bool: ...
 
 
 class Writer:
@@ -70,19 +70,29 @@ class Writer:
         self.root = config.out_dir
         self.run_id = run_id
         self.wal = wal_mod.Wal(self.root / "wal")
-        self._inbox = _Inbox()
-        self._open: dict[str, bytes] = {}  # call_id -> BEGIN frame of calls in flight
-        self._seen: set[str] = set()
-        self._responses: dict[str, str] = {}
-        self._call_ids: set[str] = set()
-        self._buffer = _Buffer()
+        # Frames that must stay in the live segment: the BEGIN frame of each call in flight,
+        # the END frame of each ended call whose process lookup is still running.
+        self._open: dict[str, bytes] = {}
+        self._appended = 0  # frames the hooks appended since the segment was opened
         self._endpoints: Counter[tuple[str, str, str, int]] = Counter()
         self._endpoints_lock = threading.Lock()
+        self._free_until = 0.0  # monotonic time before which free space need not be read
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._shard_seq = 0
-        self._keep_segments = False  # a row could not be stored: keep the WAL for forensics
+        self._builder: _Runner | None = None
         self.last_error: str | None = None
-        self.calls_written = 0
+
+    @property
+    def settings(self) -> builder_mod.Settings:
+        c = self.config
+        return builder_mod.Settings(
+            root=self.root,
+            run_id=self.run_id,
+            rotate_rows=c.rotate_rows,
+            rotate_bytes=c.rotate_bytes,
+            rotate_seconds=c.rotate_seconds,
+            max_body_bytes=c.max_body_bytes,
+        )
 
     # -- hooks (event loop thread) ---------------------------------------------------
 
@@ -94,12 +104,18 @@ class Writer:
         with self.wal.lock:
             self.wal.append_locked(frame)
             self._open[capture.call_id] = frame
+            self._appended += 1
 
     def _check_free_space(self) -> None:
         if not self.config.min_free_bytes:
             return
+        now = time.monotonic()
+        if now < self._free_until:
+            return
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
+        plenty = free >= self.config.min_free_bytes + _FREE_SPACE_MARGIN
+        self._free_until = now + _FREE_SPACE_TTL_S if plenty else 0.0
         if free < self.config.min_free_bytes:
             raise OSError(
                 errno.ENOSPC,
@@ -110,13 +126,50 @@ class Writer:
     def end(
         self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
     ) -> None:
-        """Log a finished call and queue it for parsing. Raises OSError when it cannot be logged."""
-        header, blob = capture.to_frame()
-        frame = wal_mod.encode_frame(wal_mod.END, dumps(header), blob)
+        """Log a finished call, with its client process when the lookup is done (else a
+        PROC frame follows when it is). Raises OSError when it cannot be logged."""
+        pending = process is not None and not process.done()
+        if process is not None and not pending and (info := found_process(process)) is not None:
+            capture.set_process(info.pid, info.name, info.parent_pids, info.rollout_id)
+        header, blob = capture.frame_parts()
+        if pending:
+            header["process_pending"] = True
+        frame = wal_mod.encode_frame(wal_mod.END, dumps(header), *blob)
         with self.wal.lock:
             self.wal.append_locked(frame)
-            self._open.pop(capture.call_id, None)
-            self._inbox.put(("call", capture, process), wake=False)
+            self._appended += 1
+            if pending:
+                self._open[capture.call_id] = frame
+            else:
+                self._open.pop(capture.call_id, None)
+        if pending:
+            assert process is not None
+            process.add_done_callback(partial(self._process_found, capture.call_id))
+
+    def _process_found(
+        self, call_id: str, process: concurrent.futures.Future[ProcessInfo | None]
+    ) -> None:
+        """The PROC frame of an ended call (on the lookup thread, when its lookup ends)."""
+        info = found_process(process)
+        header: dict[str, object] = {"call_id": call_id}
+        if info is not None:
+            header.update(
+                pid=info.pid,
+                process_name=info.name,
+                parent_pids=info.parent_pids,
+                rollout_id=info.rollout_id,
+            )
+        frame = wal_mod.encode_frame(wal_mod.PROC, dumps(header), b"")
+        with self.wal.lock:
+            if call_id not in self._open:
+                return
+            try:
+                self.wal.append_locked(frame)
+            except OSError as e:  # the END frame stays open; the builder stops waiting
+                log.error("forge: cannot append to the write-ahead log: %s", e)
+                return
+            self._appended += 1
+            del self._open[call_id]
 
     def count_endpoint(self, host: str, method: str, path: str, status: int) -> None:
         with self._endpoints_lock:
@@ -124,241 +177,228 @@ class Writer:
 
     # -- life cycle ----------------------------------------------------------------------
 
-    def start(self) -> RecoveryReport:
-        """Load what earlier runs stored, recover their WAL, start the worker."""
-        _warm_arrow()
-        report = RecoveryReport(temporaries=remove_stale_temporaries(self.root))
-        self._seen = {r["hash"] for r in read_column_values(self.root, "messages", ["hash"])}
-        for r in read_column_values(
-            self.root, "calls", ["call_id", "response_id", "response_head_hash"]
-        ):
-            self._call_ids.add(r["call_id"])
-            if r["response_id"] and r["response_head_hash"]:
-                self._responses[r["response_id"]] = r["response_head_hash"]
-        self._recover(report)
-        self._thread = threading.Thread(target=self._run, name="forge-writer", daemon=True)
+    def start(self) -> builder_mod.Report:
+        """Recover what an earlier proxy left in the WAL, then start the builder."""
+        temporaries = remove_stale_temporaries(self.root)
+        report = builder_mod.recover(self.settings, self.wal.seq)
+        report.temporaries = temporaries
+        if self.config.builder == "thread":
+            self._builder = _ThreadBuilder(self.settings)
+        else:
+            self._builder = _ChildBuilder(self.settings, self.wal.lock_fd)
+        try:
+            self._builder.start()
+        except OSError as e:  # no interpreter to run it (a frozen mitmproxy, say)
+            self._fall_back(f"the shard builder could not be started ({e})")
+        self._thread = threading.Thread(target=self._run, name="forge-wal", daemon=True)
         self._thread.start()
         return report
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Flush everything to shards and stop the worker."""
+    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
+        """Close the log and wait (up to ``timeout``) for the builder to store every call;
+        what it could not store stays in the WAL for the next start."""
         if self._thread is None:
             return
-        self._request_flush()
-        self._inbox.put(("stop", None, None))
-        self._thread.join(timeout)
+        self._stopping.set()
+        self._thread.join()
         self._thread = None
+        try:
+            with self.wal.lock:
+                self._append_counts_locked()
+        except OSError as e:
+            log.error("forge: the last endpoint counts are lost: %s", e)
+        try:
+            self.wal.close_segment()
+        except OSError as e:
+            log.error("forge: cannot close the write-ahead log: %s", e)
+        assert self._builder is not None
+        if not self._builder.finish(timeout):
+            log.error("forge: not every call reached a shard; the rest stays in %s", self.wal.directory)
         self.wal.close()
 
-    # -- worker --------------------------------------------------------------------------
+    # -- the forge-wal thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        last_sync = time.monotonic()
-        while True:
-            for kind, item, extra in self._inbox.take(_BATCH_S):
-                try:
-                    if kind == "call":
-                        self._add(item, extra)
-                    elif kind == "flush":
-                        self._flush(item)
-                    elif kind == "stop":
-                        return
-                except Exception as e:  # the worker must survive a bad row; the WAL keeps it
-                    self.last_error = f"{type(e).__name__}: {e}"
-                    log.exception("forge: could not record a call (kept in the WAL): %s", e)
+        opened = time.monotonic()
+        while not self._stopping.wait(_TICK_S):
             now = time.monotonic()
-            if now - last_sync >= _SYNC_EVERY_S:
-                try:
-                    self.wal.sync()
-                except OSError as e:
-                    self.last_error = f"WAL fsync failed: {e}"
-                    log.error("forge: %s", self.last_error)
-                last_sync = now
-            if self._rotation_due(now):
-                self._request_flush()
-
-    def _rotation_due(self, now: float) -> bool:
-        b = self._buffer
-        if not b.calls:
-            return False
-        assert b.since is not None
-        return (
-            len(b.calls) >= self.config.rotate_rows
-            or b.bytes >= self.config.rotate_bytes
-            or now - b.since >= self.config.rotate_seconds
-        )
-
-    def _request_flush(self) -> None:
-        with self.wal.lock:
-            old = self.wal.rotate_locked()
-            for frame in self._open.values():  # calls in flight stay in the live segment
-                self.wal.append_locked(frame)
-            self._inbox.put(("flush", old, None))
-
-    def _add(
-        self, capture: Capture, process: concurrent.futures.Future[ProcessInfo | None] | None
-    ) -> None:
-        if process is not None:
+            if now - opened >= _ROTATE_S and (self._appended or self._endpoints):
+                self._rotate()
+                opened = now
             try:
-                info = process.result(timeout=_PROCESS_WAIT_S)
-            except (concurrent.futures.TimeoutError, OSError):
-                info = None
-            if info is not None:
-                capture.pid, capture.process_name = info.pid, info.name
-                capture.parent_pids = info.parent_pids
-                if capture.rollout_id is None and info.rollout_id:
-                    capture.rollout_id, capture.rollout_source = info.rollout_id, "process_env"
-        self._add_rows(capture)
+                self.wal.sync()
+            except OSError as e:
+                self.last_error = f"WAL fsync failed: {e}"
+                log.error("forge: %s", self.last_error)
+            assert self._builder is not None
+            self._builder.check()
+            runner = self._builder
+            if isinstance(runner, _ChildBuilder) and runner.quick_deaths >= _FALLBACK_AFTER:
+                code = runner.process.returncode if runner.process else None
+                self._fall_back(
+                    f"the shard builder died {runner.quick_deaths} times right after its "
+                    f"start (exit code {code})"
+                )
 
-    def _add_rows(self, capture: Capture) -> None:
-        if capture.call_id in self._call_ids:
-            return
-        rows = build_rows(capture, self._responses.get, self.config.max_body_bytes, count_tokens)
-        b = self._buffer
-        if b.since is None:
-            b.since = time.monotonic()
-        b.calls.append(rows.call)
-        self._call_ids.add(capture.call_id)
-        b.bytes += len(capture.request_body) + len(capture.response_body)
-        for m in rows.messages:
-            if m["hash"] not in self._seen:
-                self._seen.add(m["hash"])
-                b.messages.append(m)
-        call = rows.call
-        if call["response_id"] and call["response_head_hash"]:
-            self._responses[call["response_id"]] = call["response_head_hash"]
+    def _fall_back(self, why: str) -> None:
+        log.error("forge: %s; building shards on a thread of the proxy instead "
+                  "(forge_builder=thread)", why)  # fmt: skip
+        if isinstance(self._builder, _ChildBuilder):
+            self._builder.discard()
+        self._builder = _ThreadBuilder(self.settings)
+        self._builder.start()
 
-    def _flush(self, upto_segment: int | None) -> None:
-        b = self._buffer
+    def _rotate(self) -> None:
+        """Close the live segment for the builder; open frames go on into the next one."""
+        with self.wal.lock:
+            try:
+                self._append_counts_locked()
+                self.wal.rotate_locked()
+                if self._open:
+                    self.wal.append_locked(b"".join(self._open.values()))
+            except OSError as e:
+                self.last_error = f"cannot rotate the write-ahead log: {e}"
+                log.error("forge: %s", self.last_error)
+                return
+            self._appended = 0
+
+    def _append_counts_locked(self) -> None:
+        """The endpoint counts since the last segment, as a COUNTS frame (caller holds the
+        WAL's lock); kept for the next segment if the frame cannot be written."""
         with self._endpoints_lock:
-            endpoints, self._endpoints = self._endpoints, Counter()
-        self._shard_seq += 1
-        name = f"{self.run_id}-{self._shard_seq:06d}"
+            counts, self._endpoints = self._endpoints, Counter()
+        if not counts:
+            return
+        endpoints = [[h, m, p, s, n] for (h, m, p, s), n in counts.items()]
+        frame = wal_mod.encode_frame(wal_mod.COUNTS, dumps({"endpoints": endpoints}), b"")
         try:
-            if b.messages:
-                write_shard(self.root, "messages", name, b.messages)
-            if b.calls:
-                write_shard(self.root, "calls", name, b.calls)
-            if endpoints:
-                now = datetime.now(UTC)
-                rows = [
-                    {
-                        "run_id": self.run_id,
-                        "window_end": now,
-                        "host": h,
-                        "method": m,
-                        "path": p,
-                        "status_code": s,
-                        "requests": n,
-                    }
-                    for (h, m, p, s), n in endpoints.items()
-                ]
-                write_shard(self.root, "endpoints", name, rows)
-        except (pa.ArrowException, ValueError, TypeError) as e:
-            # A row Arrow cannot encode must not block every later flush: set the bad rows
-            # aside (their calls stay in this WAL segment, which is then kept) and retry.
-            self.last_error = f"rows Arrow cannot store: {e}"
-            log.error("forge: %s; those calls stay in the WAL", self.last_error)
-            b.calls = _encodable(b.calls, "calls")
-            b.messages = _encodable(b.messages, "messages")
+            self.wal.append_locked(frame)
+        except OSError:
             with self._endpoints_lock:
-                self._endpoints.update(endpoints)
-            self._keep_segments = True
+                self._endpoints.update(counts)
+            raise
+
+
+def found_process(
+    process: concurrent.futures.Future[ProcessInfo | None],
+) -> ProcessInfo | None:
+    """A done lookup's answer (None when it found nothing or was cancelled). Lookups set a
+    result, never an exception (``attribution.ProcessLookups``)."""
+    try:
+        return process.result(timeout=0)
+    except concurrent.futures.CancelledError:
+        return None
+
+
+class _ChildBuilder:
+    """``python -m mitm_addon.builder`` as a child of the proxy, started again if it dies."""
+
+    def __init__(self, settings: builder_mod.Settings, lock_fd: int) -> None:
+        self.settings = settings
+        self.lock_fd = lock_fd  # the child holds the log's lock too, until it exits
+        self.process: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+        self._died_at: float | None = None
+        self._delay_s = _RESTART_S
+        self.quick_deaths = 0  # deaths in a row within _QUICK_DEATH_S of a start
+
+    def discard(self) -> None:
+        """Let go of a builder that died (it has been reaped): its pipe."""
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.close()
+
+    def start(self) -> None:
+        self.discard()
+        path = os.environ.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_REPO), path) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mitm_addon.builder", *self.settings.argv()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            pass_fds=(self.lock_fd,),
+            env=env,
+        )
+        self._started_at, self._died_at = time.monotonic(), None
+
+    def check(self) -> None:
+        """Start the builder again if it died (its calls wait in the WAL meanwhile), after
+        a pause that doubles while it keeps dying right after its start."""
+        assert self.process is not None
+        code = self.process.poll()
+        if code is None:
             return
-        except OSError as e:
-            # Rows stay buffered and their WAL segments stay on disk; retried next flush.
-            with self._endpoints_lock:
-                self._endpoints.update(endpoints)
-            self.last_error = f"cannot write shards to {self.root}: {e}"
-            log.error("forge: %s (calls are kept in the WAL and retried)", self.last_error)
-            return
-        self.calls_written += len(b.calls)
-        self._buffer = _Buffer()
-        if upto_segment is not None and not self._keep_segments:
-            self.wal.remove(upto_segment)
-            self.last_error = None
+        now = time.monotonic()
+        if self._died_at is None:
+            self._died_at = now
+            quick = now - self._started_at < _QUICK_DEATH_S
+            self.quick_deaths = self.quick_deaths + 1 if quick else 0
+            self._delay_s = min(_RESTART_MAX_S, _RESTART_S * 2 ** max(0, self.quick_deaths - 1))
+            if self.quick_deaths < _FALLBACK_AFTER:
+                log.error("forge: the shard builder (pid %d) exited with %s; starting it "
+                          "again in %.0f s", self.process.pid, code, self._delay_s)  # fmt: skip
+        if now - self._died_at >= self._delay_s and self.quick_deaths < _FALLBACK_AFTER:
+            self.start()
 
-    def _recover(self, report: RecoveryReport) -> None:
-        segments = [s for s in self.wal.segments() if s < self.wal.seq]
-        if not segments:
-            return
-        begun: dict[str, dict[str, Any]] = {}
-        for seq in segments:
-            frames, torn = wal_mod.read_frames(self.wal.path(seq).read_bytes())
-            report.segments += 1
-            report.torn_bytes += torn
-            for kind, header, blob in frames:
-                if kind == wal_mod.BEGIN:
-                    begun[header["call_id"]] = header
-                elif kind == wal_mod.END:
-                    begun.pop(header["call_id"], None)
-                    if header["call_id"] not in self._call_ids:
-                        self._add_rows(Capture.from_frame(header, blob))
-                        report.calls += 1
-        for header in begun.values():
-            if header["call_id"] in self._call_ids:
-                continue
-            capture = Capture.from_frame(header, b"")
-            capture.incomplete = True
-            capture.error = "the proxy stopped before the call ended"
-            self._add_rows(capture)
-            report.incomplete += 1
-        self._flush(None)
-        if self.last_error is None:
-            self.wal.remove(segments[-1])
-        if report.torn_bytes:
-            log.warning(
-                "forge: skipped %d bytes of a torn WAL frame (a call cut mid-write)",
-                report.torn_bytes,
-            )
-
-
-def _warm_arrow() -> None:
-    """Arrow's first conversion of Python rows imports pandas (half a second on 2 cores):
-    done here, at start, and not in the first flush, where it would hold the GIL that
-    the event loop needs mid-traffic."""
-    for schema in TABLES.values():
-        pa.Table.from_pylist([], schema=schema)
-
-
-class _Inbox:
-    """Items for the worker, which sleeps until one that wakes it or ``timeout`` passes.
-
-    ``deque.append`` and ``popleft`` are atomic; the event is set only by items that must
-    not wait (flush, stop) and by a backlog of ``_BATCH_CALLS``.
-    """
-
-    def __init__(self) -> None:
-        self._items: deque[tuple[str, Any, Any]] = deque()
-        self._wake = threading.Event()
-
-    def put(self, item: tuple[str, Any, Any], wake: bool = True) -> None:
-        self._items.append(item)
-        if wake or len(self._items) >= _BATCH_CALLS:
-            self._wake.set()
-
-    def take(self, timeout: float) -> list[tuple[str, Any, Any]]:
-        """What waits, after a wake-up or ``timeout`` seconds (at once when something woke it)."""
-        self._wake.wait(timeout)
-        self._wake.clear()
-        items = []
-        while self._items:
-            items.append(self._items.popleft())
-        return items
-
-
-def _encodable(rows: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
-    """The rows that Arrow can store under the table's schema (one by one: the slow path)."""
-    kept = []
-    for row in rows:
+    def finish(self, timeout: float) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:  # died since the last check: a fresh one finishes
+            self.start()
+            assert self.process is not None
+        assert self.process.stdin is not None
         try:
-            pa.Table.from_pylist([row], schema=TABLES[table])
-            kept.append(row)
-        except (pa.ArrowException, ValueError, TypeError) as e:
-            log.error(
-                "forge: set aside a %s row Arrow cannot store (%s); it stays in the WAL", table, e
-            )
-    return kept
+            self.process.stdin.write(b"finish\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.error("forge: the shard builder did not finish in %.0f s; stopping it", timeout)
+            self.process.kill()
+            self.process.wait()
+            return False
+        return code == 0
 
 
-ProcessLookup = Callable[[int, int], ProcessInfo | None]
+class _ThreadBuilder:
+    """The builder's loop on a thread of the proxy (``forge_builder=thread``), started
+    again (with its state read afresh from the shards) if it fails."""
+
+    def __init__(self, settings: builder_mod.Settings) -> None:
+        self.settings = settings
+        self.builder = builder_mod.Builder(settings)
+        self._finishing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_at = 0.0
+
+    def start(self) -> None:
+        self.builder = builder_mod.Builder(self.settings)
+        self.builder.load()
+        self._thread = threading.Thread(target=self._run, name="forge-builder", daemon=True)
+        self._thread.start()
+        self._started_at = time.monotonic()
+
+    def _run(self) -> None:
+        try:
+            builder_mod.run(self.builder, self._finishing.is_set, self._finishing.wait)
+        except Exception as e:  # the WAL keeps every call; the next start stores them
+            self.builder.last_error = f"{type(e).__name__}: {e}"
+            log.exception("forge: the shard builder failed; calls stay in the WAL")
+
+    def check(self) -> None:
+        assert self._thread is not None
+        if self._thread.is_alive() or time.monotonic() - self._started_at < _RESTART_S:
+            return
+        log.error("forge: starting the shard builder thread again")
+        self.start()
+
+    def finish(self, timeout: float) -> bool:
+        self._finishing.set()
+        assert self._thread is not None
+        if not self._thread.is_alive():  # failed since the last check: a fresh one finishes
+            self.start()
+        self._thread.join(timeout)
+        return not self._thread.is_alive() and self.builder.last_error is None

@@ -34,7 +34,11 @@ def addon(tmp_path: Path) -> Iterator[tuple[ForgeAddon, taddons.context]]:
     a = ForgeAddon()
     with addon_context(a) as tctx:
         tctx.configure(
-            a, forge_dir=str(tmp_path / "run"), forge_process_lookup=False, forge_rollout="r-1"
+            a,
+            forge_dir=str(tmp_path / "run"),
+            forge_process_lookup=False,
+            forge_rollout="r-1",
+            forge_builder="thread",  # the child process is tested in test_writer and e2e
         )
         a.running()
         yield a, tctx
@@ -105,6 +109,7 @@ def test_other_hosts_are_tunnelled_without_interception(addon) -> None:
     ctx_ = context.Context(tflow.tclient_conn(), None)  # type: ignore[arg-type]
     ctx_.server = tflow.tserver_conn()
     ctx_.server.address = ("example.com", 443)
+    ctx_.client.sni = hello.sni  # as mitmproxy's TLS layer sets it before the hook
     data = ClientHelloData(ctx_, hello)
     a.tls_clienthello(data)
     assert data.ignore_connection
@@ -313,7 +318,9 @@ def headers_arrive(
     else:
         del f.request.headers["content-length"]
         f.request.headers["transfer-encoding"] = "chunked"
-    tctx.master.event_loop.run_until_complete(a.requestheaders(f))
+    waiting = a.requestheaders(f)  # an awaitable only while the client's lookup runs
+    if waiting is not None:
+        tctx.master.event_loop.run_until_complete(waiting)
 
 
 def test_a_known_api_request_streams_upstream_and_is_recorded_whole(addon, tmp_path: Path) -> None:

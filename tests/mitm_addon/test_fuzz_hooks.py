@@ -257,7 +257,7 @@ def run_flows(plans_: Sequence[Plan], schedule: Sequence[int], **options: Any) -
         run = Path(tmp) / "run"
         a = ForgeAddon()
         with addon_context(a) as tctx:
-            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False, **options)
+            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", **options)
             a.running()
             flows = [_flow(p) for p in plans_]
             delivered: dict[int, list[bytes]] = {i: [] for i in range(len(flows))}
@@ -404,7 +404,7 @@ def test_websocket_messages_in_any_order_give_one_row_per_response_create(
         run = Path(tmp) / "run"
         a = ForgeAddon()
         with addon_context(a) as tctx:
-            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False)
+            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread")
             a.running()
             f = tflow.twebsocketflow(messages=False)
             f.request.host, f.request.path, f.request.port = "api.openai.com", "/v1/responses", 443
@@ -487,7 +487,7 @@ def test_a_huge_stream_passes_whole_while_the_tee_keeps_at_most_its_limit(tmp_pa
     a = ForgeAddon()
     with addon_context(a) as tctx:
         tctx.configure(
-            a, forge_dir=str(run), forge_process_lookup=False, forge_max_body_bytes=TEE_LIMIT
+            a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", forge_max_body_bytes=TEE_LIMIT
         )
         a.running()
         plan = Plan(
@@ -559,7 +559,7 @@ def test_non_utf8_bytes_in_the_path_do_not_escape_the_request_hook() -> None:
     f.request.data.path = b"/v1/chat/completions?q=caf\xe9"
     a = ForgeAddon()
     with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False)
+        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
         a.running()
         a.request(f)
         assert "forge_capture" in f.metadata
@@ -569,7 +569,7 @@ def test_deeply_nested_json_to_an_unknown_endpoint_does_not_escape_the_request_h
     plan = _plan("/v1/completions", request_body=b"[" * 100_000)
     a = ForgeAddon()
     with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False)
+        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
         a.running()
         a.request(_flow(plan))
 
@@ -587,7 +587,13 @@ def test_a_compressed_request_to_an_unknown_endpoint_is_decoded_within_the_bound
     f = _flow(plan)
     a = ForgeAddon()
     with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False, forge_max_body_bytes=1 << 20)
+        tctx.configure(
+            a,
+            forge_dir=tmp,
+            forge_process_lookup=False,
+            forge_builder="thread",
+            forge_max_body_bytes=1 << 20,
+        )
         a.running()
         tracemalloc.start()
         try:
