@@ -251,25 +251,37 @@ def harness_python(harness_user: transparent.HarnessUser) -> str:
     pytest.skip(f"no Python that {harness_user.describe()} can execute")
 
 
-@pytest.fixture(scope="module")
-def sdk_command(harness_user: transparent.HarnessUser) -> list[str]:
-    """``[python, ...]`` running the openai SDK as the harness user, or a skip saying why not."""
-    probe = (
-        "import httpx, openai; openai.OpenAI(api_key='x', "
-        "http_client=httpx.Client(trust_env=False))"
-    )
-    candidates: list[list[str]] = [[sys.executable]]
+def _python_that_runs(user: transparent.HarnessUser, probe: str, what: str) -> list[str]:
+    """``[python, ...]`` that runs ``probe`` as ``user`` with the venv's packages and this
+    repository importable, or a skip saying why not (a venv under /root is out of reach)."""
+    candidates: list[list[str]] = [["env", f"PYTHONPATH={REPO}", sys.executable]]
     if sys.version_info[:2] == (3, 11):  # the venv's packages on a system Python of its version
         site = sysconfig.get_paths()["purelib"]
-        candidates.append(["env", f"PYTHONPATH={site}", "/usr/bin/python3"])
+        candidates.append(["env", f"PYTHONPATH={site}:{REPO}", "/usr/bin/python3"])
     reasons = []
     for prefix in candidates:
-        done = _runs_as(harness_user, [*prefix, "-c", probe])
+        done = _runs_as(user, [*prefix, "-c", probe])
         if done.returncode == 0:
             return prefix
         tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         reasons.append(f"{' '.join(prefix)}: {tail}")
-    pytest.skip(f"the openai SDK does not run as {harness_user.describe()}: " + "; ".join(reasons))
+    pytest.skip(f"{what} does not run as {user.describe()}: " + "; ".join(reasons))
+
+
+@pytest.fixture(scope="module")
+def sdk_command(harness_user: transparent.HarnessUser) -> list[str]:
+    """``[python, ...]`` running the openai SDK as the harness user."""
+    probe = (
+        "import httpx, openai; openai.OpenAI(api_key='x', "
+        "http_client=httpx.Client(trust_env=False))"
+    )
+    return _python_that_runs(harness_user, probe, "the openai SDK")
+
+
+@pytest.fixture(scope="module")
+def forge_command(harness_user: transparent.HarnessUser) -> list[str]:
+    """``[python, ...]`` that imports Forge's CLI as the harness user."""
+    return _python_that_runs(harness_user, "import forge_cli.main", "forge_cli")
 
 
 @pytest.fixture(scope="module")
@@ -423,14 +435,13 @@ def test_clear_errors(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     assert "no such user" in capsys.readouterr().err
 
 
-def test_refuses_without_root(harness_user: transparent.HarnessUser, harness_python: str) -> None:
+def test_refuses_without_root(
+    harness_user: transparent.HarnessUser, forge_command: list[str]
+) -> None:
     done = _runs_as(
         harness_user,
-        [harness_python, "-m", "forge_cli.main", "record", "--transparent", "--", "true"],
-        env={"PYTHONPATH": str(REPO)},
+        [*forge_command, "-m", "forge_cli.main", "record", "--transparent", "--", "true"],
     )
-    if "No module named" in done.stderr:
-        pytest.skip(f"{harness_user.describe()} cannot import forge_cli from {REPO}")
     assert done.returncode == 2, done.stderr
     assert "needs root" in done.stderr
 
