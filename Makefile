@@ -43,7 +43,7 @@ test-fast: setup
 test-slow: setup harnesses
 	$(PY) -m pytest -m slow -q
 
-# Property-based fuzzing at full size: 23,800 generated cases and a 100 MB stream (~4 min).
+# Property-based fuzzing at full size: 25,500 generated cases and a 100 MB stream (2-4 min).
 soak: setup
 	FORGE_SOAK=1 $(PY) -m pytest tests/mitm_addon/test_fuzz_parsers.py tests/mitm_addon/test_fuzz_hooks.py -q --timeout=1800
 

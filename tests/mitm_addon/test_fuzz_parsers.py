@@ -4,7 +4,7 @@
 Inputs are random JSON and bytes, and the wire fixtures mutated (values replaced, keys
 dropped, events dropped, duplicated, reordered or cut, bodies truncated, compressed or
 labelled with an encoding they do not have). CI runs a few hundred cases per test;
-``FORGE_SOAK=1`` (``make soak``) runs ten times as many (about 20,000 in all).
+``FORGE_SOAK=1`` (``make soak``) runs ten times as many (about 24,000 in all).
 """
 
 from __future__ import annotations
