@@ -8,7 +8,6 @@ open from disk, from a CI artifact or from an e-mail attachment alike.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from forge_cli.view.load import list_rollouts, load_calls, load_summaries
 from forge_cli.view.page import page_file_name, render_index, render_rollout_page
+from pipeline.atomic import write_atomic
 from pipeline.store import connect, shard_paths
 
 __all__ = ["add_parser", "run"]
@@ -48,13 +48,8 @@ def add_parser(sub: Any) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all (a reader never sees half a page)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # No fsync: a page lost to a power cut is written again by the next `forge view`.
+    write_atomic(path, text, sync=False, sync_dir=False)
 
 
 def _error(message: str) -> int:

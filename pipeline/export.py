@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.atomic import atomic_file
 from pipeline.canonical import resolve_refs
 from pipeline.reconstruct import MissingRow
 from pipeline.snapshot import TrajectoryFilter, select_rollouts
@@ -522,26 +521,20 @@ def write_sft(
     """Write the SFT examples to the Parquet file ``out`` (replaced atomically)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     rows = 0
     skipped: list[str] = []
-    try:
-        with open(tmp, "wb") as f:
-            with pq.ParquetWriter(f, SFT, compression="zstd") as writer:
-                batch: list[dict[str, Any]] = []
-                for example in iter_sft_examples(con, filters, skipped):
-                    batch.append(example)
-                    if len(batch) >= 256:
-                        writer.write_table(pa.Table.from_pylist(batch, schema=SFT))
-                        rows += len(batch)
-                        batch = []
-                if batch:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=SFT))
-                    rows += len(batch)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with (
+        atomic_file(out, sync_dir=False) as f,
+        pq.ParquetWriter(f, SFT, compression="zstd") as writer,
+    ):
+        batch: list[dict[str, Any]] = []
+        for example in iter_sft_examples(con, filters, skipped):
+            batch.append(example)
+            if len(batch) >= 256:
+                writer.write_table(pa.Table.from_pylist(batch, schema=SFT))
+                rows += len(batch)
+                batch = []
+        if batch:
+            writer.write_table(pa.Table.from_pylist(batch, schema=SFT))
+            rows += len(batch)
     return ExportResult(path=out, rows=rows, skipped=len(skipped))

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.atomic import atomic_file
 from pipeline.schema import TABLES, with_version
 
 
@@ -20,17 +21,9 @@ def write_shard(root: Path, table: str, name: str, rows: list[dict[str, Any]]) -
     schema = with_version(TABLES[table])
     data = pa.Table.from_pylist(rows, schema=schema)
     final = directory / f"{name}.parquet"
-    tmp = directory / f".{name}.parquet.tmp"
-    with open(tmp, "wb") as f:
+    # A fixed temporary name: remove_stale_temporaries finds what a killed write left.
+    with atomic_file(final, tmp=directory / f".{name}.parquet.tmp") as f:
         pq.write_table(data, f, compression="zstd")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     return final
 
 

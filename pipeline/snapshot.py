@@ -25,9 +25,7 @@ import importlib.metadata
 import json
 import logging
 import os
-import shutil
 import stat
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import store
+from pipeline.atomic import atomic_directory, fsync_dir, fsync_file
 from pipeline.grpo import GroupSettings, apply_settings, sql_settings
 from pipeline.samples import SAMPLES, iter_samples
 from pipeline.schema import SCHEMA_VERSION, TABLES
@@ -293,14 +292,6 @@ def _card(name: str, manifest: dict[str, Any]) -> str:
     )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_snapshot(
     data_dir: str | Path,
     out: str | Path,
@@ -336,76 +327,74 @@ def write_snapshot(
     rollouts = None if filters.empty else select_rollouts(con, filters)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     result = SnapshotResult(path=out)
     try:
-        con.register(
-            "_forge_snapshot_rollouts",
-            pa.table({"rollout_id": pa.array(rollouts or [], pa.string())}),
-        )
-        all_rows = rollouts is None
-        result.rows["samples"] = _write_parquet(
-            tmp / FILES["samples"], SAMPLES, iter_samples(con, rollouts)
-        )
-        result.rows["trajectories"] = _write_query(
-            con, tmp / FILES["trajectories"], _TRAJECTORIES, all_rows
-        )
-        result.rows["groups"] = _write_query(con, tmp / FILES["groups"], _GROUPS, all_rows)
-        result.rows["calls"] = _write_query(con, tmp / FILES["calls"], _calls_query(con), all_rows)
-        con.unregister("_forge_snapshot_rollouts")
-        if audit:
-            if own and rollouts is None:
-                # The file holds every sample: audit it (the Arrow path) instead of
-                # recomputing the SQL view. Audits cover the whole run, filtered or not.
-                written = str(tmp / FILES["samples"]).replace("'", "''")
-                con.execute(f"CREATE OR REPLACE VIEW samples AS FROM read_parquet('{written}')")
-            result.audits = _run_audits(con)
+        with atomic_directory(out) as tmp:
+            con.register(
+                "_forge_snapshot_rollouts",
+                pa.table({"rollout_id": pa.array(rollouts or [], pa.string())}),
+            )
+            all_rows = rollouts is None
+            result.rows["samples"] = _write_parquet(
+                tmp / FILES["samples"], SAMPLES, iter_samples(con, rollouts)
+            )
+            result.rows["trajectories"] = _write_query(
+                con, tmp / FILES["trajectories"], _TRAJECTORIES, all_rows
+            )
+            result.rows["groups"] = _write_query(con, tmp / FILES["groups"], _GROUPS, all_rows)
+            result.rows["calls"] = _write_query(
+                con, tmp / FILES["calls"], _calls_query(con), all_rows
+            )
+            con.unregister("_forge_snapshot_rollouts")
+            if audit:
+                if own and rollouts is None:
+                    # The file holds every sample: audit it (the Arrow path) instead of
+                    # recomputing the SQL view. Audits cover the whole run, filtered or not.
+                    written = str(tmp / FILES["samples"]).replace("'", "''")
+                    con.execute(f"CREATE OR REPLACE VIEW samples AS FROM read_parquet('{written}')")
+                result.audits = _run_audits(con)
 
-        manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "name": out.name,
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "forge_version": forge_version(),
-            "schema_version": SCHEMA_VERSION,
-            "filters": filters.describe(),
-            "grpo": asdict(sql_settings(con)),
-            "rollouts": len(rollouts) if rollouts is not None else result.rows["trajectories"],
-            "tables": {
-                table: {
-                    "path": rel,
-                    "rows": result.rows[table],
-                    "bytes": (tmp / rel).stat().st_size,
-                    "sha256": sha256_file(tmp / rel),
-                }
-                for table, rel in FILES.items()
-            },
-            "source": {
-                "data_dir": str(data_dir),
-                "shards": [asdict(s) for s in describe_sources(data_dir, sources)],
-            },
-            "pipeline_sql": {
-                name: hashlib.sha256(store.sql_text(name[:-4]).encode()).hexdigest()
-                for name in store.derived_sql_files()
-            },
-            "audits": result.audits if audit else None,
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        (tmp / "README.md").write_text(_card(out.name, manifest))
-        for path in sorted(tmp.rglob("*"), reverse=True):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-                # Read-only: a reminder that a snapshot is never modified.
-                path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            _fsync_dir(path if path.is_dir() else path.parent)
-        if out.exists():
-            raise SnapshotExists(f"{out} appeared while the snapshot was written; not replaced")
-        os.rename(tmp, out)
-        _fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            created_at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            manifest: dict[str, Any] = {
+                "format": FORMAT,
+                "name": out.name,
+                "created_at": created_at,
+                "forge_version": forge_version(),
+                "schema_version": SCHEMA_VERSION,
+                "filters": filters.describe(),
+                "grpo": asdict(sql_settings(con)),
+                "rollouts": len(rollouts) if rollouts is not None else result.rows["trajectories"],
+                "tables": {
+                    table: {
+                        "path": rel,
+                        "rows": result.rows[table],
+                        "bytes": (tmp / rel).stat().st_size,
+                        "sha256": sha256_file(tmp / rel),
+                    }
+                    for table, rel in FILES.items()
+                },
+                "source": {
+                    "data_dir": str(data_dir),
+                    "shards": [asdict(s) for s in describe_sources(data_dir, sources)],
+                },
+                "pipeline_sql": {
+                    name: hashlib.sha256(store.sql_text(name[:-4]).encode()).hexdigest()
+                    for name in store.derived_sql_files()
+                },
+                "audits": result.audits if audit else None,
+            }
+            (tmp / "manifest.json").write_text(
+                json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+            )
+            (tmp / "README.md").write_text(_card(out.name, manifest))
+            for path in sorted(tmp.rglob("*"), reverse=True):
+                if path.is_file():
+                    fsync_file(path)
+                    # Read-only: a reminder that a snapshot is never modified.
+                    path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+                fsync_dir(path if path.is_dir() else path.parent)
+            if out.exists():
+                raise SnapshotExists(f"{out} appeared while the snapshot was written; not replaced")
     finally:
         if own:
             con.close()

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pipeline.atomic import atomic_directory, fsync_file
 from rl import losses
 from rl.batches import Batch, Sample, collate, group_stats, split_micro_batches
 
@@ -106,10 +105,11 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return out
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) in _PLAIN_HEAD:
-        hidden = model.get_decoder()(
+        # torch types a Module's unknown attributes as Tensor | Module; these are HF methods.
+        hidden = model.get_decoder()(  # type: ignore[operator]
             input_ids=batch.input_ids, attention_mask=batch.attention_mask
         ).last_hidden_state  # (B, T, H)
-        logits = model.get_output_embeddings()(hidden[:, :-1][trained])  # (N, V)
+        logits = model.get_output_embeddings()(hidden[:, :-1][trained])  # type: ignore[operator]  # (N, V)
         labels = batch.input_ids[:, 1:][trained]  # (N,)
         lp = -F.cross_entropy(logits.float(), labels, reduction="none")
         out[:, 1:][trained] = lp
@@ -222,7 +222,8 @@ def train(
     (``snapshot_stats``, e.g. ``read_group_stats``, add to and override them)."""
     if not samples:
         raise ValueError("no samples to train on")
-    check_vocabulary(samples, int(model.config.vocab_size))
+    # An HF model: torch types a Module's unknown attributes as Tensor | Module.
+    check_vocabulary(samples, int(model.config.vocab_size))  # type: ignore[union-attr, arg-type]
     torch.manual_seed(settings.seed)
     pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
     if optimizer is None:
@@ -342,8 +343,7 @@ def save_checkpoint(
     if out.exists():
         raise FileExistsError(f"{out} exists: checkpoints are never overwritten; pick a new --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_directory(out, create=False, sync_dir=False) as tmp:  # save_pretrained makes it
         model.save_pretrained(tmp)
         if source is not None:
             for path in sorted(Path(source).iterdir()):
@@ -360,10 +360,5 @@ def save_checkpoint(
         meta = {"policy_version": int(policy_version), **(info or {})}
         (tmp / FORGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         for path in tmp.iterdir():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            fsync_file(path)
     return out
