@@ -13,7 +13,11 @@ Two sinks turn a simulated call into rows:
   (about 1 ms per call: for tests and the storage benchmark).
 * ``--rows direct`` (default): the same rows computed incrementally, hashing only the
   items a call adds (``pipeline.canonical``'s contract, ``split_params``'s refs); fast
-  enough for a million calls. ``tests/bench`` checks that both give identical shards.
+  enough for a million calls. The rows themselves are built by the recorder's own
+  functions (``capture_row``, ``request_columns``, ``response_columns``,
+  ``usage_columns``, ``call_status``, ``message_row``) from what the simulation knows
+  already, so the two sinks cannot drift apart; ``tests/bench`` checks that both give
+  identical shards.
 
 The output depends only on ``--calls``, ``--seed`` and the model options, not on
 ``--workers``.
@@ -50,10 +54,22 @@ from bench.synth import (
     render_responses_sse,
 )
 from mitm_addon.capture import Capture
-from mitm_addon.recorder import HARNESS_HEADERS, build_rows, split_params
+from mitm_addon.protocols.base import ParsedRequest, ParsedResponse
+from mitm_addon.recorder import (
+    MAX_BODY_BYTES,
+    api_of,
+    build_rows,
+    call_status,
+    capture_row,
+    message_row,
+    parse_response_body,
+    request_columns,
+    response_columns,
+    split_params,
+    usage_columns,
+)
 from mitm_addon.tokens import count_tokens
 from pipeline.canonical import REF_KEY, REF_MIN_BYTES, canonical_json, chain_hashes, item_hash
-from pipeline.schema import CALLS
 from pipeline.shards import write_shard
 
 # The recorder's default rotation (mitm_addon.config: rotate_rows).
@@ -71,7 +87,6 @@ VERSIONS = 4
 T0 = datetime(2026, 1, 5, tzinfo=UTC).timestamp()
 ROLLOUT_SOURCE = "proxy_auth"
 MANIFEST = "bench.json"  # what was generated, written last
-_CALL_COLUMNS = [f.name for f in CALLS]
 # canonical_json with its encoder built once (json.dumps builds one per call): same text.
 _canonical = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -194,21 +209,43 @@ def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
 
-def _message_row(
-    h: str, parent: str | None, canonical: str, item: Any, call_id: str, kind: str, nbytes: int
-) -> dict[str, Any]:
-    role = item.get("role") if isinstance(item, dict) else None
-    item_type = item.get("type") if isinstance(item, dict) else None
-    return {
-        "hash": h,
-        "parent_hash": parent,
-        "kind": kind,
-        "role": role if isinstance(role, str) else None,
-        "item_type": item_type if isinstance(item_type, str) else None,
-        "content_json": canonical,
-        "content_bytes": nbytes,
-        "first_call_id": call_id,
-    }
+def spec_capture(
+    spec: CallSpec,
+    headers: dict[str, str],
+    *,
+    transport: str,
+    request_body: bytes = b"",
+    request_wire_bytes: int = 0,
+    response_body: bytes = b"",
+    stream_events: int | None = None,
+) -> Capture:
+    """The capture the proxy would keep of a simulated call (bodies as the sink needs)."""
+    return Capture(
+        call_id=spec.call_id,
+        run_id=spec.run_id,
+        transport=transport,
+        method="POST",
+        scheme="https",
+        host=spec.host,
+        path=spec.path,
+        started_at=spec.started_at,
+        rollout_id=spec.rollout_id,
+        rollout_source=ROLLOUT_SOURCE,
+        client_conn_id=spec.client_conn_id,
+        request_headers=headers,
+        request_body=request_body,
+        request_wire_bytes=request_wire_bytes,
+        status_code=spec.status_code,
+        response_headers=spec.response_headers,
+        response_body=response_body,
+        response_wire_bytes=spec.response_wire_bytes,
+        stream_events=stream_events,
+        first_byte_at=spec.first_byte_at,
+        ended_at=spec.ended_at,
+        pid=spec.pid,
+        parent_pids=list(spec.parent_pids or []),
+        process_name=spec.process_name,
+    )
 
 
 class Collector:
@@ -333,7 +370,7 @@ class DirectSink:
 
     def _new(self, h: str, parent: str | None, c: str, item: Any, call_id: str, kind: str) -> None:
         if self.out.is_new(h):
-            self.out.message(_message_row(h, parent, c, item, call_id, kind, len(c.encode())))
+            self.out.message(message_row(h, parent, c, item, call_id, kind))
 
     def _params(self, params: dict[str, Any], call_id: str) -> tuple[str, int]:
         """split_params + the params row; returns (params hash, bytes of the body minus items)."""
@@ -373,7 +410,7 @@ class DirectSink:
             chain.hashes.append(h)
             chain.nbytes.append(nbytes)
             if self.out.is_new(h):
-                self.out.message(_message_row(h, parent, c, item, spec.call_id, "item", nbytes))
+                self.out.message(message_row(h, parent, c, item, spec.call_id, "item", nbytes))
             parent = h
         chain.valid = n
         head = chain.hashes[n - 1] if n else None
@@ -388,54 +425,44 @@ class DirectSink:
         )
         headers = dict(spec.headers)
         headers["content-length"] = str(request_bytes)
-        row: dict[str, Any] = dict.fromkeys(_CALL_COLUMNS)
-        row.update(
-            call_id=spec.call_id,
-            run_id=spec.run_id,
-            rollout_id=spec.rollout_id,
-            rollout_source=ROLLOUT_SOURCE,
-            client_conn_id=spec.client_conn_id,
-            pid=spec.pid,
-            parent_pids=spec.parent_pids or None,
-            process_name=spec.process_name,
+        capture = spec_capture(
+            spec,
+            headers,
             transport="sse" if spec.response is not None else "http",
-            method="POST",
-            host=spec.host,
-            path=spec.path,
-            status_code=spec.status_code,
-            started_at=_ts(spec.started_at),
-            first_byte_at=_ts(spec.first_byte_at),
-            ended_at=_ts(spec.ended_at),
-            duration_ms=(spec.ended_at - spec.started_at) * 1000.0,
-            ttfb_ms=(spec.first_byte_at - spec.started_at) * 1000.0,
-            request_bytes=request_bytes,
-            request_headers=headers,
-            response_bytes=spec.response_wire_bytes,
-            response_headers=spec.response_headers or None,
+            request_wire_bytes=request_bytes,
+            response_body=spec.error_body or b"",  # a streamed response is not rendered
             stream_events=spec.stream_events,
+        )
+        request = ParsedRequest(
             api=spec.api,
             model=spec.params.get("model"),
             stream=spec.params.get("stream", False),
-            request_params_hash=params_hash,
-            request_head_hash=head,
-            request_list_key=list_key,
-            request_items=spec.n_items,
-            request_items_form="list",
+            list_key=list_key,
+            items=spec.chain.items[: spec.n_items],
+            items_form="list",
+            params=spec.params,
             tools=spec.tool_names,
-            prewarm=spec.params.get("generate") is False,
         )
-        for header, column in HARNESS_HEADERS.items():
-            row[column] = headers.get(header)
+        row = capture_row(capture)
+        row["api"] = api_of(capture)
+        row.update(request_columns(request, params_hash, head))
         # Maps as (key, value) lists: the same Parquet, and pyarrow converts them 8x faster.
         row["request_headers"] = list(headers.items())
         row["response_headers"] = list(spec.response_headers.items()) or None
+        response: ParsedResponse
         if spec.response is not None:
-            self._response(spec, head, row)
+            response = self._response(spec, head, row)
         else:
-            self._error(spec, head, row)
+            # An error body, parsed as the recorder parses it (it has no usage: estimated).
+            response, _ = parse_response_body(capture, spec.api, MAX_BODY_BYTES)
+            row.update(response_columns(response, None, None))
+        row.update(usage_columns(capture, request, response, count_tokens))
+        row["status"], row["error"] = call_status(capture, response, None)
         self.out.call(row, spec.ended_at)
 
-    def _response(self, spec: CallSpec, head: str | None, row: dict[str, Any]) -> None:
+    def _response(self, spec: CallSpec, head: str | None, row: dict[str, Any]) -> ParsedResponse:
+        """Hash the output items and fill the response's columns; returns the response as
+        the recorder's parser would have assembled it."""
         parent = head
         canons = []
         for item in spec.output_items:
@@ -456,41 +483,17 @@ class DirectSink:
         else:  # the output item is {"content": <the message's content>, "role": "assistant"}
             content = canons[0][len('{"content":') : -len(',"role":"assistant"}')]
             text = _canonical(dict(response, content=_SLOT)).replace(_SLOT_JSON, content, 1)
-        usage = spec.usage
-        row.update(
+        parsed = ParsedResponse(
+            response=response,
+            output_items=spec.output_items,
             response_id=spec.response_id,
-            response_model=response.get("model"),
-            response_head_hash=parent if spec.output_items else None,
-            response_items=len(spec.output_items),
-            response_json=text,
+            model=response.get("model"),
             stop_reason=spec.stop_reason,
+            usage=spec.usage,
             tool_calls=spec.tool_calls,
-            status="complete",
         )
-        if usage is not None:
-            row.update(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_read_tokens=usage.cache_read_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
-                usage_estimated=False,
-            )
-
-    def _error(self, spec: CallSpec, head: str | None, row: dict[str, Any]) -> None:
-        assert spec.error_body is not None
-        items = "[" + ",".join(canonical_json(i) for i in spec.chain.items[: spec.n_items]) + "]"
-        row.update(
-            response_id=None,
-            response_head_hash=None,
-            response_items=0,
-            tool_calls=[],
-            # No usage in an error body: the writer estimates it, as build_rows does.
-            input_tokens=count_tokens(items + canonical_json(spec.params)),
-            output_tokens=count_tokens("[]"),
-            usage_estimated=True,
-            status="error",
-            error=f"HTTP {spec.status_code}: " + spec.error_body[:4000].decode("utf-8", "replace"),
-        )
+        row.update(response_columns(parsed, parent if spec.output_items else None, text))
+        return parsed
 
 
 class BuildRowsSink:
@@ -513,29 +516,8 @@ class BuildRowsSink:
         else:
             assert spec.error_body is not None
             response_body, transport = spec.error_body, "http"
-        return Capture(
-            call_id=spec.call_id,
-            run_id=spec.run_id,
-            transport=transport,
-            method="POST",
-            scheme="https",
-            host=spec.host,
-            path=spec.path,
-            started_at=spec.started_at,
-            rollout_id=spec.rollout_id,
-            rollout_source=ROLLOUT_SOURCE,
-            client_conn_id=spec.client_conn_id,
-            request_headers=headers,
-            request_body=raw,
-            status_code=spec.status_code,
-            response_headers=spec.response_headers,
-            response_body=response_body,
-            response_wire_bytes=spec.response_wire_bytes,
-            first_byte_at=spec.first_byte_at,
-            ended_at=spec.ended_at,
-            pid=spec.pid,
-            parent_pids=list(spec.parent_pids or []),
-            process_name=spec.process_name,
+        return spec_capture(
+            spec, headers, transport=transport, request_body=raw, response_body=response_body
         )
 
     def __call__(self, spec: CallSpec) -> None:

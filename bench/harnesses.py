@@ -37,7 +37,6 @@ from bench.synth import (
     Chain,
     RolloutPlan,
     Sink,
-    Usage,
     World,
     anthropic_stream_events,
     b62_id,
@@ -47,6 +46,7 @@ from bench.synth import (
     lognormal_int,
     uuid4,
 )
+from mitm_addon.protocols.base import Usage
 
 # -- the simulation -------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mitm_addon.protocols.base import Usage
+
 # -- text -------------------------------------------------------------------------------
 
 # Characters of the shared pool every message slices its text from. Far larger than
@@ -474,14 +476,6 @@ class Chain:
 
     def __len__(self) -> int:
         return len(self.items)
-
-
-@dataclass
-class Usage:
-    input_tokens: int | None
-    output_tokens: int | None
-    cache_read_tokens: int | None
-    cache_write_tokens: int | None
 
 
 @dataclass

@@ -4,6 +4,10 @@
 its request and response need: the request body is split into its parameters (one
 content-addressed row, shared by every call with the same system prompt and tools)
 and its items (a hash chain, so a 100-turn conversation stores each item once).
+
+Its pieces (``capture_row``, ``request_columns``, ``response_columns``,
+``usage_columns``, ``call_status``, ``message_row``) are pure and public, so that the
+benchmark's shard generator (``bench.gen_shards``) builds its rows with them too.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ HARNESS_HEADERS = {
     "traceparent": "traceparent",
     "user-agent": "user_agent",
 }
+# A response body decoded past this size is refused (build_rows's default limit).
+MAX_BODY_BYTES = 256 * 1024 * 1024
 # Error text kept per call; a full error body is rarely useful past this.
 _ERROR_CHARS = 4000
 
@@ -98,9 +104,19 @@ def _ms(end: float | None, start: float | None) -> float | None:
     return (end - start) * 1000.0 if end is not None and start is not None else None
 
 
-def _item_row(
-    h: str, parent: str | None, canonical: str, item: Any, call_id: str, kind: str
+def message_row(
+    h: str,
+    parent: str | None,
+    canonical: str,
+    item: Any,
+    call_id: str,
+    kind: str,
+    content_bytes: int | None = None,
 ) -> dict[str, Any]:
+    """One ``messages`` row (grain: hash): an item, the params, or one param part.
+
+    ``content_bytes`` is the UTF-8 length of ``canonical``, when the caller knows it.
+    """
     role = item.get("role") if isinstance(item, dict) else None
     item_type = item.get("type") if isinstance(item, dict) else None
     return {
@@ -110,7 +126,9 @@ def _item_row(
         "role": role if isinstance(role, str) else None,
         "item_type": item_type if isinstance(item_type, str) else None,
         "content_json": canonical,
-        "content_bytes": len(canonical.encode("utf-8")),
+        "content_bytes": (
+            content_bytes if content_bytes is not None else len(canonical.encode("utf-8"))
+        ),
         "first_call_id": call_id,
     }
 
@@ -197,7 +215,7 @@ _BAD_INPUT = (ParseError, BodyError, ValueError, RecursionError, TypeError)
 def build_rows(
     capture: Capture,
     previous_response_head: Callable[[str], str | None],
-    limit: int = 256 * 1024 * 1024,
+    limit: int = MAX_BODY_BYTES,
     estimate_tokens: Callable[[str], int] | None = None,
 ) -> Rows:
     """The calls row and messages rows of one captured call. Never raises: a call whose
@@ -207,21 +225,22 @@ def build_rows(
     Responses call, so a request that carries only new items (``previous_response_id``)
     still chains onto the whole conversation.
     """
-    row = _base_row(capture)
+    row = capture_row(capture)
     try:
         return _build_rows(capture, row, previous_response_head, limit, estimate_tokens)
     except Exception as e:  # a bug in a parser must not lose the call: keep its metadata
-        row = _base_row(capture)
+        row = capture_row(capture)
         row["api"] = api_of(capture)
-        row["status"], row["error"] = _status(capture, None, None)
+        row["status"], row["error"] = call_status(capture, None, None)
         reason = f"forge could not parse this call ({type(e).__name__}: {e})"
         row["parse_error"] = reason[:_ERROR_CHARS]
         return Rows(call=_utf8_safe(row), messages=[])
 
 
-def _base_row(capture: Capture) -> dict[str, Any]:
-    """The columns that come from the capture itself, no parsing."""
-    row: dict[str, Any] = {column: None for column in _CALL_COLUMNS}
+def capture_row(capture: Capture) -> dict[str, Any]:
+    """A calls row (grain: call_id) with the columns that come from the capture itself,
+    no parsing; every other column None."""
+    row: dict[str, Any] = dict.fromkeys(_CALL_COLUMNS)
     row.update(
         call_id=capture.call_id,
         run_id=capture.run_id,
@@ -277,20 +296,8 @@ def _build_rows(
         request = parse_request_body(capture)
         request_rows, head = _request_rows(capture.call_id, request, previous_response_head)
         messages += request_rows
-        row.update(
-            model=request.model,
-            stream=request.stream,
-            request_params_hash=request_rows[0]["hash"] if request_rows else None,
-            request_head_hash=head,
-            request_list_key=request.list_key,
-            request_items=len(request.items),
-            request_items_form=request.items_form,
-            previous_response_id=request.previous_response_id,
-            tools=request.tools,
-            # Codex warms a WebSocket up with generate:false: no output, but later calls
-            # name its response in previous_response_id, so its items are kept.
-            prewarm=request.params.get("generate") is False,
-        )
+        params_hash = request_rows[0]["hash"] if request_rows else None
+        row.update(request_columns(request, params_hash, head))
     except _BAD_INPUT as e:
         request, head = None, None
         errors.append(f"request: {e}")
@@ -307,18 +314,11 @@ def _build_rows(
                 canonical_json(response.response) if response.response is not None else None
             )
             messages += [
-                _item_row(h, p, c, item, capture.call_id, "item")
+                message_row(h, p, c, item, capture.call_id, "item")
                 for (h, p, c), item in zip(out_rows, response.output_items, strict=True)
             ]
-            row.update(
-                response_id=response.response_id,
-                response_model=response.model,
-                response_head_hash=out_rows[-1][0] if out_rows else None,
-                response_items=len(out_rows),
-                response_json=response_json,
-                stop_reason=response.stop_reason,
-                tool_calls=response.tool_calls,
-            )
+            response_head = out_rows[-1][0] if out_rows else None
+            row.update(response_columns(response, response_head, response_json))
         except _BAD_INPUT as e:
             response = None
             response_error = f"response: {e}"
@@ -326,35 +326,84 @@ def _build_rows(
     if capture.response_truncated:
         errors.append("response: larger than forge_max_body_bytes, not kept whole")
 
-    if capture.completion_ids is not None and capture.prompt_tokens is not None:
-        # Served by the policy: the exact counts, whatever the reply's shape reports.
-        row.update(
-            input_tokens=capture.prompt_tokens,
-            output_tokens=len(capture.completion_ids),
-            usage_estimated=False,
-        )
-    elif response is not None:
-        usage = response.usage
-        if usage is not None:
-            row.update(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_read_tokens=usage.cache_read_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
-                usage_estimated=False,
-            )
-        elif estimate_tokens is not None and request is not None:
-            row.update(
-                input_tokens=estimate_tokens(
-                    canonical_json(request.items) + canonical_json(request.params)
-                ),
-                output_tokens=estimate_tokens(canonical_json(response.output_items)),
-                usage_estimated=True,
-            )
-
-    row["status"], row["error"] = _status(capture, response, response_error)
+    row.update(usage_columns(capture, request, response, estimate_tokens))
+    row["status"], row["error"] = call_status(capture, response, response_error)
     row["parse_error"] = "; ".join(errors) or None
     return Rows(call=_utf8_safe(row), messages=messages)
+
+
+def request_columns(
+    request: ParsedRequest, params_hash: str | None, head: str | None
+) -> dict[str, Any]:
+    """The calls columns read from a parsed request; ``params_hash`` is its params row's
+    hash, ``head`` the hash its item chain ends in."""
+    return {
+        "model": request.model,
+        "stream": request.stream,
+        "request_params_hash": params_hash,
+        "request_head_hash": head,
+        "request_list_key": request.list_key,
+        "request_items": len(request.items),
+        "request_items_form": request.items_form,
+        "previous_response_id": request.previous_response_id,
+        "tools": request.tools,
+        # Codex warms a WebSocket up with generate:false: no output, but later calls
+        # name its response in previous_response_id, so its items are kept.
+        "prewarm": request.params.get("generate") is False,
+    }
+
+
+def response_columns(
+    response: ParsedResponse, head: str | None, response_json: str | None
+) -> dict[str, Any]:
+    """The calls columns read from a parsed response; ``head`` is the hash of its last
+    output item (None without output), ``response_json`` its canonical JSON."""
+    return {
+        "response_id": response.response_id,
+        "response_model": response.model,
+        "response_head_hash": head,
+        "response_items": len(response.output_items),
+        "response_json": response_json,
+        "stop_reason": response.stop_reason,
+        "tool_calls": response.tool_calls,
+    }
+
+
+def usage_columns(
+    capture: Capture,
+    request: ParsedRequest | None,
+    response: ParsedResponse | None,
+    estimate_tokens: Callable[[str], int] | None,
+) -> dict[str, Any]:
+    """The token count columns: the policy's exact counts for a served call, else the
+    response's usage, else (with ``estimate_tokens``) an estimate; else none."""
+    if capture.completion_ids is not None and capture.prompt_tokens is not None:
+        # Served by the policy: the exact counts, whatever the reply's shape reports.
+        return {
+            "input_tokens": capture.prompt_tokens,
+            "output_tokens": len(capture.completion_ids),
+            "usage_estimated": False,
+        }
+    if response is None:
+        return {}
+    usage = response.usage
+    if usage is not None:
+        return {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cache_read_tokens": usage.cache_read_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+            "usage_estimated": False,
+        }
+    if estimate_tokens is not None and request is not None:
+        return {
+            "input_tokens": estimate_tokens(
+                canonical_json(request.items) + canonical_json(request.params)
+            ),
+            "output_tokens": estimate_tokens(canonical_json(response.output_items)),
+            "usage_estimated": True,
+        }
+    return {}
 
 
 def _text(value: str) -> str:
@@ -400,11 +449,11 @@ def _request_rows(
     params, parts = split_params(request.params)
     params_canonical = canonical_json(params)
     rows = [
-        _item_row(
+        message_row(
             item_hash(params_canonical, None), None, params_canonical, params, call_id, "params"
         )
     ]
-    rows += [_item_row(h, None, c, value, call_id, "param") for h, c, value in parts]
+    rows += [message_row(h, None, c, value, call_id, "param") for h, c, value in parts]
     parent = (
         previous_response_head(request.previous_response_id)
         if request.previous_response_id
@@ -412,16 +461,16 @@ def _request_rows(
     )
     chain = chain_hashes(request.items, parent)
     rows += [
-        _item_row(h, p, c, item, call_id, "item")
+        message_row(h, p, c, item, call_id, "item")
         for (h, p, c), item in zip(chain, request.items, strict=True)
     ]
     return rows, (chain[-1][0] if chain else parent)
 
 
-def _status(
+def call_status(
     capture: Capture, response: ParsedResponse | None, response_error: str | None
 ) -> tuple[str, str | None]:
-    """complete, error or incomplete, with the error text."""
+    """(status, error): complete, error or incomplete, with the error text."""
     body_text = capture.response_body[:_ERROR_CHARS].decode("utf-8", "replace")
     if capture.status_code is not None and capture.status_code >= 400:
         return "error", f"HTTP {capture.status_code}: {body_text}"

@@ -21,10 +21,14 @@ from mitm_addon.protocols.base import (
     ParsedRequest,
     ParsedResponse,
     ParseError,
+    RequestShape,
     SseEvent,
     Usage,
+    error_text,
+    no_response,
     opt_int,
-    split_request,
+    parse_request_body,
+    route,
 )
 
 API = "anthropic_messages"
@@ -35,40 +39,17 @@ _c = Checks(API)
 
 def matches(method: str, path: str) -> bool:
     """POST .../v1/messages (any query, e.g. ``?beta=true``); count_tokens and batches are not."""
-    route = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-    return method.upper() == "POST" and route.endswith("/v1/messages")
+    return method.upper() == "POST" and route(path).endswith("/v1/messages")
 
 
-def _tool_names(tools: Any) -> list[str]:
-    names: list[str] = []
-    for tool in _c.arr(tools, "tools"):
-        tool = _c.obj(tool, "a tool")
-        name = tool.get("name", tool.get("type"))
-        if isinstance(name, str):
-            names.append(name)
-    return names
+# ``messages`` is always a list; ``stream`` a boolean if present (null is rejected).
+_REQUEST = RequestShape(list_key=LIST_KEY, items_must_be_list=True, stream_may_be_null=False)
 
 
 @_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Messages request into its ``messages`` and everything else."""
-    params, items, items_form = split_request(body, LIST_KEY)
-    if items_form != "list":
-        raise ParseError(f"{API}: 'messages' must be a list")
-    stream = params.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ParseError(f"{API}: 'stream' is not a boolean")
-    tools = params.get("tools")
-    return ParsedRequest(
-        api=API,
-        model=_c.opt_str(params.get("model"), "'model'"),
-        stream=stream,
-        list_key=LIST_KEY,
-        items=items,
-        items_form=items_form,
-        params=params,
-        tools=_tool_names(tools) if tools is not None else [],
-    )
+    return parse_request_body(_c, _REQUEST, body)
 
 
 def _usage(usage: Any) -> Usage | None:
@@ -84,12 +65,7 @@ def _usage(usage: Any) -> Usage | None:
 
 def _error_text(error: Any) -> str:
     """``type: message`` of an API error object."""
-    if not isinstance(error, dict):
-        return str(error)
-    kind, message = error.get("type"), error.get("message")
-    if isinstance(kind, str) and isinstance(message, str):
-        return f"{kind}: {message}"
-    return str(message if message is not None else kind)
+    return error_text(error, ("type",))
 
 
 def _parsed_message(
@@ -121,7 +97,7 @@ def parse_response(body: dict[str, Any]) -> ParsedResponse:
     """A non-streaming body: a Message, or an error body ``{"type": "error", "error": {...}}``."""
     body = _c.obj(body, "response body")
     if body.get("type") == "error":
-        return ParsedResponse(response=None, output_items=[], error=_error_text(body.get("error")))
+        return no_response(_error_text(body.get("error")))
     if body.get("type") != "message":
         raise ParseError(f"{API}: response body is neither a message nor an error")
     return _parsed_message(body, complete=True, error=None)
@@ -242,7 +218,7 @@ class _StreamAssembler:
 
     def result(self) -> ParsedResponse:
         if self.message is None:
-            return ParsedResponse(response=None, output_items=[], complete=False, error=self.error)
+            return no_response(self.error, complete=False)
         for index in list(self.json_parts):
             self.finish_block(index, strict=False)
         return _parsed_message(

@@ -26,6 +26,16 @@ class ParseError(ValueError):
     """A body or stream does not have the shape its API documents."""
 
 
+def route(path: str) -> str:
+    """A request path without its query, fragment and trailing slashes."""
+    return path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+
+
+def declared_name(tool: dict[str, Any]) -> Any:
+    """A declared tool's ``name``, else its ``type`` (built-in tools have only a type)."""
+    return tool.get("name", tool.get("type"))
+
+
 class Checks:
     """Shape checks for one API's parser; each failure is a ParseError naming the API."""
 
@@ -71,10 +81,42 @@ class Checks:
             raise ParseError(f"{self.api}: {what} is not a string")
         return value
 
+    def tool_names(
+        self, tools: Any, name_of: Callable[[dict[str, Any]], Any] = declared_name
+    ) -> list[str]:
+        """The names of a request's declared tools (none when ``tools`` is absent).
+
+        ``name_of`` reads one tool's name; a tool whose name is not a string is left out.
+        """
+        if tools is None:
+            return []
+        names: list[str] = []
+        for tool in self.arr(tools, "tools"):
+            name = name_of(self.obj(tool, "a tool"))
+            if isinstance(name, str):
+                names.append(name)
+        return names
+
 
 def opt_int(value: Any) -> int | None:
     """An integer, else None (booleans are not integers here)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def error_text(error: Any, kind_keys: Sequence[str]) -> str:
+    """``kind: message`` of an API error object; the kind is the first of ``kind_keys``
+    with a truthy value (else the last one's value)."""
+    if not isinstance(error, dict):
+        return str(error)
+    kind: Any = None
+    for key in kind_keys:
+        kind = error.get(key)
+        if kind:
+            break
+    message = error.get("message")
+    if isinstance(kind, str) and isinstance(message, str):
+        return f"{kind}: {message}"
+    return str(message if message is not None else kind)
 
 
 @dataclass(frozen=True)
@@ -118,6 +160,55 @@ class ParsedResponse:
     tool_calls: list[str] = field(default_factory=list)
     complete: bool = True  # False: the stream ended before its terminal event
     error: str | None = None  # an API error (error body or error event)
+
+
+def no_response(error: str | None, *, complete: bool = True) -> ParsedResponse:
+    """A response with no body to assemble: an API error body, or a stream that never
+    got its first event (``complete=False``)."""
+    return ParsedResponse(response=None, output_items=[], complete=complete, error=error)
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """Where one API's request bodies differ; ``parse_request_body`` reads the rest."""
+
+    list_key: str  # the key of the conversation items: "messages" or "input"
+    items_must_be_list: bool  # False: a bare string, or no items at all, is valid too
+    stream_may_be_null: bool  # True: ``"stream": null`` means not streamed
+    tool_name: Callable[[dict[str, Any]], Any] = declared_name  # one declared tool's name
+    has_previous_response_id: bool = False  # the request may continue a stored response
+
+
+def parse_request_body(checks: Checks, shape: RequestShape, body: dict[str, Any]) -> ParsedRequest:
+    """A request body split into its items and params, with model, stream and tools read.
+
+    Raises ParseError (or a lookup error, which ``Checks.guarded`` turns into one).
+    """
+    params, items, items_form = split_request(body, shape.list_key)
+    if shape.items_must_be_list and items_form != "list":
+        raise ParseError(f"{checks.api}: {shape.list_key!r} must be a list")
+    stream = params.get("stream", False)
+    if stream is None and shape.stream_may_be_null:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ParseError(f"{checks.api}: 'stream' is not a boolean")
+    model = checks.opt_str(params.get("model"), "'model'")
+    previous_response_id = (
+        checks.opt_str(params.get("previous_response_id"), "'previous_response_id'")
+        if shape.has_previous_response_id
+        else None
+    )
+    return ParsedRequest(
+        api=checks.api,
+        model=model,
+        stream=stream,
+        list_key=shape.list_key,
+        items=items,
+        items_form=items_form,
+        params=params,
+        previous_response_id=previous_response_id,
+        tools=checks.tool_names(params.get("tools"), shape.tool_name),
+    )
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,14 @@ from mitm_addon.protocols.base import (
     ParsedRequest,
     ParsedResponse,
     ParseError,
+    RequestShape,
     SseEvent,
     Usage,
+    error_text,
+    no_response,
     opt_int,
-    split_request,
+    parse_request_body,
+    route,
 )
 
 API = "openai_chat"
@@ -34,45 +38,27 @@ _c = Checks(API)
 
 def matches(method: str, path: str) -> bool:
     """POST .../chat/completions (with or without /v1, any query)."""
-    route = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-    return method.upper() == "POST" and route.endswith("/chat/completions")
+    return method.upper() == "POST" and route(path).endswith("/chat/completions")
 
 
-def _tool_names(tools: Any) -> list[str]:
-    """Names of the declared tools: ``function.name`` (or ``custom.name``), else the type."""
-    names: list[str] = []
-    for tool in _c.arr(tools, "tools"):
-        tool = _c.obj(tool, "a tool")
-        kind = tool.get("type")
-        spec = tool.get(kind) if isinstance(kind, str) else None
-        name = spec.get("name") if isinstance(spec, dict) else tool.get("name", kind)
-        if isinstance(name, str):
-            names.append(name)
-    return names
+def _tool_name(tool: dict[str, Any]) -> Any:
+    """A declared tool's ``function.name`` (or ``custom.name``), else its name or type."""
+    kind = tool.get("type")
+    spec = tool.get(kind) if isinstance(kind, str) else None
+    return spec.get("name") if isinstance(spec, dict) else tool.get("name", kind)
+
+
+# ``messages`` is always a list; ``"stream": null`` means not streamed; a tool's name
+# sits under its type (``{"type": "function", "function": {"name": ...}}``).
+_REQUEST = RequestShape(
+    list_key=LIST_KEY, items_must_be_list=True, stream_may_be_null=True, tool_name=_tool_name
+)
 
 
 @_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Chat Completions request into its ``messages`` and everything else."""
-    params, items, items_form = split_request(body, LIST_KEY)
-    if items_form != "list":
-        raise ParseError(f"{API}: 'messages' must be a list")
-    stream = params.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ParseError(f"{API}: 'stream' is not a boolean")
-    tools = params.get("tools")
-    return ParsedRequest(
-        api=API,
-        model=_c.opt_str(params.get("model"), "'model'"),
-        stream=stream,
-        list_key=LIST_KEY,
-        items=items,
-        items_form=items_form,
-        params=params,
-        tools=_tool_names(tools) if tools is not None else [],
-    )
+    return parse_request_body(_c, _REQUEST, body)
 
 
 def _usage(usage: Any) -> Usage | None:
@@ -88,13 +74,8 @@ def _usage(usage: Any) -> Usage | None:
 
 
 def _error_text(error: Any) -> str:
-    if not isinstance(error, dict):
-        return str(error)
-    kind = error.get("type") or error.get("code")
-    message = error.get("message")
-    if isinstance(kind, str) and isinstance(message, str):
-        return f"{kind}: {message}"
-    return str(message if message is not None else kind)
+    """``type: message`` of an API error object (``code`` when it has no type)."""
+    return error_text(error, ("type", "code"))
 
 
 def _output_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +122,7 @@ def parse_response(body: dict[str, Any]) -> ParsedResponse:
     """A non-streaming body: a ChatCompletion, or an error body ``{"error": {...}}``."""
     body = _c.obj(body, "response body")
     if "choices" not in body and isinstance(body.get("error"), dict):
-        return ParsedResponse(response=None, output_items=[], error=_error_text(body["error"]))
+        return no_response(_error_text(body["error"]))
     if body.get("object", "chat.completion") != "chat.completion":
         raise ParseError(f"{API}: response object is {body.get('object')!r}")
     return _parsed_completion(body, complete=True, error=None)
@@ -266,7 +247,7 @@ def parse_stream(events: Sequence[SseEvent]) -> ParsedResponse:
                 raise ParseError(f"{API}: choice index {index!r} is not an integer")
             choices.setdefault(index, _Choice(index)).apply(raw)
     if completion is None:
-        return ParsedResponse(response=None, output_items=[], complete=False, error=error)
+        return no_response(error, complete=False)
     assembled: dict[str, Any] = {
         "id": completion.pop("id", None),
         "object": "chat.completion",

@@ -26,11 +26,15 @@ from mitm_addon.protocols.base import (
     ParsedRequest,
     ParsedResponse,
     ParseError,
+    RequestShape,
     SseEvent,
     Usage,
+    error_text,
+    no_response,
     opt_int,
+    parse_request_body,
     reconstruct_request,
-    split_request,
+    route,
 )
 
 API = "openai_responses"
@@ -45,54 +49,31 @@ _SNAPSHOT_EVENTS = frozenset({"response.created", "response.queued", "response.i
 _c = Checks(API)
 
 
-def _route(path: str) -> str:
-    return path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-
-
 def matches(method: str, path: str) -> bool:
     """POST .../responses (/v1/responses, /responses, /backend-api/codex/responses)."""
-    return method.upper() == "POST" and _route(path).endswith("/responses")
+    return method.upper() == "POST" and route(path).endswith("/responses")
 
 
 def matches_websocket(path: str) -> bool:
     """Whether a WebSocket upgrade (GET) to this path carries Responses API traffic."""
-    return _route(path).endswith("/responses")
+    return route(path).endswith("/responses")
 
 
-def _tool_names(tools: Any) -> list[str]:
-    """Function and custom tools by ``name``, built-in tools by their ``type``."""
-    names: list[str] = []
-    for tool in _c.arr(tools, "tools"):
-        tool = _c.obj(tool, "a tool")
-        name = tool.get("name", tool.get("type"))
-        if isinstance(name, str):
-            names.append(name)
-    return names
+# ``input`` is a list, a bare string or absent; ``"stream": null`` means not streamed;
+# function and custom tools go by ``name``, built-in tools by their ``type``; a request
+# may continue a stored response (``previous_response_id``).
+_REQUEST = RequestShape(
+    list_key=LIST_KEY,
+    items_must_be_list=False,
+    stream_may_be_null=True,
+    has_previous_response_id=True,
+)
 
 
 @_c.guarded
 def parse_request(body: dict[str, Any]) -> ParsedRequest:
     """Split a Responses request into its ``input`` items and everything else."""
-    params, items, items_form = split_request(body, LIST_KEY)
-    stream = params.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ParseError(f"{API}: 'stream' is not a boolean")
-    tools = params.get("tools")
-    return ParsedRequest(
-        api=API,
-        model=_c.opt_str(params.get("model"), "'model'"),
-        stream=stream,
-        list_key=LIST_KEY,
-        items=items,
-        items_form=items_form,
-        params=params,
-        previous_response_id=_c.opt_str(
-            params.get("previous_response_id"), "'previous_response_id'"
-        ),
-        tools=_tool_names(tools) if tools is not None else [],
-    )
+    return parse_request_body(_c, _REQUEST, body)
 
 
 @_c.guarded
@@ -124,13 +105,8 @@ def _usage(usage: Any) -> Usage | None:
 
 
 def _error_text(error: Any) -> str:
-    if not isinstance(error, dict):
-        return str(error)
-    kind = error.get("code") or error.get("type")
-    message = error.get("message")
-    if isinstance(kind, str) and isinstance(message, str):
-        return f"{kind}: {message}"
-    return str(message if message is not None else kind)
+    """``code: message`` of an API error object (``type`` when it has no code)."""
+    return error_text(error, ("code", "type"))
 
 
 def _tool_call_name(item: Any) -> str | None:
@@ -174,7 +150,7 @@ def parse_response(body: dict[str, Any]) -> ParsedResponse:
     body = _c.obj(body, "response body")
     if body.get("object") != "response":
         if isinstance(body.get("error"), dict):
-            return ParsedResponse(response=None, output_items=[], error=_error_text(body["error"]))
+            return no_response(_error_text(body["error"]))
         raise ParseError(f"{API}: response object is {body.get('object')!r}")
     return _parsed(body, complete=True, error=None)
 
@@ -283,7 +259,7 @@ class _StreamAssembler:
                 self.final["output"] = built  # some servers send the output only as items
             return _parsed(self.final, complete=True, error=self.error)
         if self.snapshot is None:
-            return ParsedResponse(response=None, output_items=[], complete=False, error=self.error)
+            return no_response(self.error, complete=False)
         self.snapshot["output"] = built
         return _parsed(self.snapshot, complete=False, error=self.error)
 
