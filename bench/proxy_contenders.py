@@ -34,7 +34,7 @@ import psutil
 
 from bench.bench_tls import Pki
 from bench.proxy_load import BENCH_KEY, Route
-from forge_cli.proxy import ADDON, free_port, mitmdump_path
+from mitm_addon.launch import ADDON, free_port, mitmdump_path
 
 REPO = Path(__file__).resolve().parent.parent
 LITELLM_VENV = REPO / "bench" / ".venv-litellm"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.evaluation import DEFAULT_THRESHOLD, TaskPassRate, compute_pass_rates, summarize
 from pipeline.store import connect
 

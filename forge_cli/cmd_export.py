@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_cli.cmd_snapshot import add_filter_arguments, filters_from
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.export import write_sft
 from pipeline.snapshot import FilterError
 from pipeline.store import connect

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 
 __all__ = ["add_parser", "run"]
 

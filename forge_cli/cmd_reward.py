@@ -11,7 +11,7 @@ from typing import Any
 
 import duckdb
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.canonical import canonical_json
 from pipeline.shards import shard_files, write_rows
 

@@ -9,18 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import (
-    DEFAULT_CONFDIR,
-    ForgeError,
+from forge_cli.args import (
+    add_serve_arguments,
     add_set_argument,
     add_upstream_argument,
+    serve_extra,
 )
-from forge_cli.serve_args import add_serve_arguments, serve_extra
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.local import RolloutOptions, run_rollouts, summary_json
 from k8s_jobs.outcome import STATUSES, ProgressPrinter
 from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import load_tasks
+from mitm_addon.launch import DEFAULT_CONFDIR, ForgeError
 
 __all__ = ["add_parser", "run"]
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.grpo import GroupSettings, parse_settings
 from pipeline.snapshot import FilterError, SnapshotExists, TrajectoryFilter, write_snapshot
 

@@ -28,7 +28,7 @@ from typing import IO, Any
 import duckdb
 
 from forge_cli.cmd_snapshot import add_grpo_argument, group_settings_from
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.grpo import apply_settings
 from pipeline.store import connect, names_derived
 

@@ -3,7 +3,7 @@ then a short training loop.
 
 No LLM is reachable from a machine without internet, so a scripted provider stands
 in for api.openai.com (it speaks the real Chat Completions wire format). The toy
-harness (``rl/toy_harness.py``, an ordinary openai-SDK program) runs unmodified under
+harness (``k8s_jobs/toy_harness.py``, an ordinary openai-SDK program) runs unmodified under
 ``forge record``: two tasks, two rollouts each. A verifier checks each rollout's work
 and writes its reward; then the pipeline's DuckDB views give trees, trajectories and
 GRPO groups, and a snapshot is written.
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--",
                 sys.executable,
                 "-m",
-                "rl.toy_harness",
+                "k8s_jobs.toy_harness",
                 instruction,
                 cwd=work,
                 env=env,
@@ -185,7 +185,7 @@ def short_loop(run: Path, loop: Path) -> None:
         # A barely trained policy mostly fails: keep groups without a spread of rewards
         # (their advantages are 0) so that each round takes its step.
         "grpo": {"zero_spread": "keep", "partial": "zero"},
-        "train_args": ["--lr", "1e-3"],
+        "train": {"lr": 1e-3},
     }
     (loop / "loop.yaml").write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
     forge("loop", "--config", str(loop / "loop.yaml"))

@@ -7,7 +7,7 @@ import importlib
 import logging
 import sys
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 
 # Subcommand modules, in the order ``forge --help`` lists them; each has add_parser(sub).
 COMMANDS = (

@@ -12,18 +12,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from forge_cli import transparent
-from forge_cli.proxy import (
+from forge_cli.args import (
+    add_serve_arguments,
+    add_set_argument,
+    add_upstream_argument,
+    serve_extra,
+)
+from mitm_addon.launch import (
     DEFAULT_CONFDIR,
     ForgeError,
     ProxySettings,
-    add_set_argument,
-    add_upstream_argument,
     harness_env,
     start_proxy,
     stop_proxy_process,
+    transparent,
 )
-from forge_cli.serve_args import add_serve_arguments, serve_extra
 from pipeline.shards import write_rows
 
 __all__ = ["ForgeError", "add_parser", "run"]

@@ -1,7 +1,7 @@
 """Harness templates: the command line and environment of one unattended harness run.
 
 Built in: ``claude`` (Claude Code), ``codex`` (Codex CLI), ``opencode``, ``openclaw`` and
-``toy`` (``rl/toy_harness.py``). Claude Code 2.1.332 and Codex 0.171.0 flags are the ones
+``toy`` (``k8s_jobs/toy_harness.py``). Claude Code 2.1.332 and Codex 0.171.0 flags are the ones
 measured in docs/harnesses.md; opencode's and OpenClaw's come from their documentation
 (``opencode run --auto``, ``openclaw agent --local``) and are not exercised by the tests.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 
 __all__ = [
     "HarnessCommand",
@@ -103,13 +103,13 @@ def builtin_harnesses() -> dict[str, HarnessTemplate]:
     return {
         "toy": HarnessTemplate(
             name="toy",
-            command=("{python}", "-m", "rl.toy_harness", "{model_args}", "{instruction}"),
+            command=("{python}", "-m", "k8s_jobs.toy_harness", "{model_args}", "{instruction}"),
             env={"OPENAI_API_KEY": "sk-forge-dummy", "PYTHONPATH": str(REPO_ROOT)},
             pass_env=("OPENAI_API_KEY",),
             model="gpt-4.1-mini",
             model_args=("--model", "{model}"),
             partial_exit_codes=(3,),  # "toy: out of turns"
-            description="rl/toy_harness.py: an openai-SDK agent with shell and consult tools",
+            description="k8s_jobs/toy_harness.py: an openai-SDK agent with shell and consult tools",
         ),
         "claude": HarnessTemplate(
             name="claude",

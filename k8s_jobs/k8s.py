@@ -32,12 +32,12 @@ from typing import Any
 
 from kubernetes import client
 
-from forge_cli.proxy import ForgeError
 from k8s_jobs.local import PlannedRollout, plan_rollouts
 from k8s_jobs.outcome import rollout_id
 from k8s_jobs.pod import EXIT_INFRA, TERMINATION_LOG
 from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import Task
+from mitm_addon.launch import ForgeError
 
 __all__ = ["K8sSettings", "manifest_dicts", "render_job", "render_pvc", "write_manifests"]
 

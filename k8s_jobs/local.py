@@ -29,7 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import (
+from k8s_jobs.attempt import reward_row, rollout_row, run_attempt
+from k8s_jobs.harnesses import HarnessTemplate, builtin_harnesses
+from k8s_jobs.outcome import FAILED_STATUSES, Progress, backoff_s, group_id, rollout_id
+from k8s_jobs.processes import kill_tree
+from k8s_jobs.tasks import Task
+from mitm_addon.launch import (
     DEFAULT_CONFDIR,
     ForgeError,
     ProxySettings,
@@ -38,11 +43,6 @@ from forge_cli.proxy import (
     start_proxy,
     stop_proxy_process,
 )
-from k8s_jobs.attempt import reward_row, rollout_row, run_attempt
-from k8s_jobs.harnesses import HarnessTemplate, builtin_harnesses
-from k8s_jobs.outcome import FAILED_STATUSES, Progress, backoff_s, group_id, rollout_id
-from k8s_jobs.processes import kill_tree
-from k8s_jobs.tasks import Task
 from pipeline.shards import shard_files, write_rows
 
 __all__ = ["RolloutOptions", "RolloutResult", "RunSummary", "plan_rollouts", "run_rollouts"]

@@ -27,48 +27,17 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from forge_cli.proxy import ForgeError, system_ca_file
 from k8s_jobs.attempt import reward_row, rollout_row, run_attempt
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
 from k8s_jobs.tasks import parse_task
+from mitm_addon.launch import ForgeError
+from mitm_addon.launch.trust import trust_env, write_ca_bundle
 from pipeline.shards import write_rows
 
-__all__ = ["EXIT_INFRA", "main", "trust_env"]
+__all__ = ["EXIT_INFRA", "main"]
 
 EXIT_INFRA = 75  # EX_TEMPFAIL: the environment failed; try again
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes shows it as the container's message
-_NO_PROXY = "localhost,127.0.0.1,::1"
-
-
-def trust_env(proxy_url: str, ca_cert: Path, bundle: Path) -> dict[str, str]:
-    """Proxy and CA variables for every runtime (as forge_cli.proxy.harness_env sets them)."""
-    env: dict[str, str] = {}
-    if proxy_url:
-        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-            env[name] = proxy_url
-        env["NO_PROXY"] = env["no_proxy"] = _NO_PROXY
-    env["NODE_EXTRA_CA_CERTS"] = str(ca_cert)
-    for name in (
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-        "CODEX_CA_CERTIFICATE",
-    ):
-        env[name] = str(bundle)
-    return env
-
-
-def write_bundle(ca_cert: Path, dest: Path) -> Path:
-    """System CAs plus Forge's, for the variables that replace the system store."""
-    parts = []
-    system = system_ca_file()
-    if system is not None:
-        parts.append(system.read_text(errors="replace").rstrip() + "\n")
-    parts.append(ca_cert.read_text())
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text("".join(parts))
-    return dest
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -99,7 +68,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ForgeError, ValueError) as e:
         print(f"forge pod: error: {e}", file=sys.stderr)
         return 2
-    bundle = write_bundle(ca_cert, home.parent / "forge-ca-bundle.pem")
+    bundle = write_ca_bundle(ca_cert, home.parent / "forge-ca-bundle.pem")
     outcome = run_attempt(
         task,
         templates[harness],

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

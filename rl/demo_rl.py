@@ -24,8 +24,8 @@ under ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import logging
 import random
 import shutil
 import statistics
@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rl.demo_tasks import DEFAULT_OUT as DEFAULT_TASKS
 
@@ -60,7 +60,7 @@ class ExpertScript:
 
     def __call__(self, conv: Any) -> Any:
         if conv.tool_results == 0:
-            user = next((m for m in conv.history if m.get("role") == "user"), {})
+            user: dict[str, Any] = next((m for m in conv.history if m.get("role") == "user"), {})
             command = self.command(str(user.get("content", "")))
             return {"tool_call": {"name": "shell", "arguments": {"command": command}}}
         return {"text": "Done."}
@@ -78,21 +78,6 @@ class SeedResult:
 
 def _say(message: str) -> None:
     print(f"forge demo-rl: {message}", file=sys.stderr, flush=True)
-
-
-def _forge(*args: str, log: Path | None = None) -> None:
-    """Run a forge command in this process; its standard output goes to ``log`` if given."""
-    from forge_cli.main import main as forge_main
-
-    _say(f"$ forge {' '.join(args)}" + (f"  > {log}" if log else ""))
-    if log is None:
-        code = forge_main(list(args))
-    else:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f, contextlib.redirect_stdout(f):
-            code = forge_main(list(args))
-    if code != 0:
-        raise SystemExit(f"forge demo-rl: `forge {args[0]}` failed (exit {code})")
 
 
 def record_expert(
@@ -117,15 +102,23 @@ def record_expert(
                     parallel=parallel,
                     upstreams=[f"api.openai.com={provider.base_url}"],
                     on_progress=printer,
-                    **({"confdir": confdir} if confdir else {}),
+                    **cast("dict[str, Any]", {"confdir": confdir} if confdir else {}),
                 ),
             )
         finally:
             printer.close()
     _say(f"expert: mean reward {summary.mean_reward:.3f} over {len(summary.results)} rollouts")
-    # Recorded text, not token ids: `forge export sft` writes the chats, and
-    # `forge train --sft --chats` tokenizes them with the policy's chat template.
-    _forge("export", "sft", "--data", str(run_dir), "--out", str(chats))
+    # Recorded text, not token ids: the chats are exported as `forge export sft` writes
+    # them, and SFT on them tokenizes them with the policy's chat template.
+    from pipeline.export import write_sft
+    from pipeline.store import connect
+
+    con = connect(run_dir, stitched=True)
+    try:
+        result = write_sft(con, chats)
+    finally:
+        con.close()
+    _say(f"expert: {result.rows} SFT examples written to {chats}")
     return chats
 
 
@@ -137,19 +130,31 @@ def success(summary: Any) -> float:
 
 def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any]) -> SeedResult:
     from rl.loop import LoopConfig, run_loop, serve_and_run
+    from rl.losses import LossSettings
     from rl.tiny_model import build_tiny_model
-    from rl.trainer import read_policy_version
+    from rl.train import TrainJob, train
+    from rl.trainer import TrainSettings, read_policy_version
 
     started = time.monotonic()
     root = args.out / f"seed-{seed}"
     init, sft = root / "init", root / "sft"
     build_tiny_model(init, seed=seed)
-    _forge(
-        "train", "--sft", "--chats", str(expert), "--model", str(init), "--out", str(sft),
-        "--lr", str(args.sft_lr), "--epochs", str(args.sft_epochs), "--weight-decay", "0",
-        "--micro-batch-size", "16", "--mini-batch-size", "16", "--seed", str(seed),
-        "--no-progress", log=root / "sft.log",
-    )  # fmt: skip
+    sft_settings = TrainSettings(
+        loss=LossSettings(),
+        sft=True,
+        lr=args.sft_lr,
+        epochs=args.sft_epochs,
+        weight_decay=0.0,
+        micro_batch_size=16,
+        mini_batch_size=16,
+        seed=seed,
+    )
+    _say(f"seed {seed}: SFT of {init} on {expert} into {sft}")
+    with open(root / "sft.log", "w") as log:
+        train(
+            TrainJob(model=init, out=sft, chats=expert, settings=sft_settings, progress=False),
+            on_metrics=lambda line: print(line, file=log, flush=True),
+        )
 
     def held_out(policy: Path, name: str) -> float:
         summary = serve_and_run(
@@ -178,16 +183,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         n=args.n,
         parallel=args.parallel,
         serve_max_tokens=args.serve_max_tokens,
-        train_args=(
-            "--lr",
-            str(args.rl_lr),
-            "--weight-decay",
-            "0",
-            "--micro-batch-size",
-            "16",
-            "--seed",
-            str(seed),
-        ),  # fmt: skip
+        train={"lr": args.rl_lr, "weight_decay": 0.0, "micro_batch_size": 16, "seed": seed},
         confdir=args.confdir,
         split="train",
         tasks_per_round=args.tasks_per_round,
@@ -248,7 +244,7 @@ def _plot(results: list[SeedResult], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for r in results:
         xs = [k for k, m in enumerate(r.curve) if m is not None]
-        ax.plot(xs, [r.curve[k] for k in xs], marker="o", label=f"seed {r.seed}")
+        ax.plot(xs, [m for m in r.curve if m is not None], marker="o", label=f"seed {r.seed}")
     ax.set_xticks(range(max(len(r.curve) for r in results)))
     ax.set_xlabel("RL round (policy version = round + 1)")
     ax.set_ylabel("mean reward (train tasks)")
@@ -282,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.rounds < 1:
         p.error("--seeds and --rounds must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="forge demo-rl: %(message)s")
     from k8s_jobs.tasks import load_tasks
     from rl.loop import select_split
 

@@ -165,7 +165,7 @@ def make_tasks(
     """``n`` task specs (``k8s_jobs.tasks`` format), the last ``heldout`` of a seeded
     shuffle marked ``metadata.split = heldout``, the rest ``train``."""
     r = random.Random(seed)
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i in range(n):
         while True:  # no task twice: a held-out task is never a train task again

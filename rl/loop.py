@@ -66,8 +66,9 @@ class LoopConfig:
     serve_max_tokens: int = 0
     grpo: dict[str, Any] = field(default_factory=dict)
     """GRPO grouping rules (``forge snapshot --grpo NAME=VALUE``)."""
-    train_args: tuple[str, ...] = ()
-    """More ``forge train`` flags, e.g. ["--lr", "1e-3"] or ["--sft"]."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """Training settings by name (``rl.train.settings_from``): TrainSettings' and
+    LossSettings' fields and ``keep_optimizer``, e.g. ``{lr: 1e-3, sft: true}``."""
     confdir: Path | None = None
     split: str | None = None
     """Only the tasks whose ``metadata.split`` is this (e.g. ``train``)."""
@@ -93,6 +94,11 @@ class LoopConfig:
             raise LoopError(f"{p}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise LoopError(f"{p}: expected a mapping of settings")
+        if "train_args" in data:
+            raise LoopError(
+                f"{p}: train_args (forge train flags) became train, a mapping of settings: "
+                "e.g. train: {lr: 1e-3, keep_optimizer: true} for --lr 1e-3 --keep-optimizer"
+            )
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -110,7 +116,7 @@ class LoopConfig:
         for name in ("out", "model", "tasks", "confdir"):
             if values.get(name) is not None:
                 values[name] = path_of(values[name])
-        values["train_args"] = tuple(str(a) for a in values.get("train_args") or ())
+        values["train"] = dict(values.get("train") or {})
         values["grpo"] = dict(values.get("grpo") or {})
         try:
             config = cls(**values)
@@ -122,6 +128,12 @@ class LoopConfig:
             raise LoopError(f"{p}: tasks_per_round must be at least 1")
         if config.max_staleness < 0:
             raise LoopError(f"{p}: max_staleness must be 0 (synchronous) or more")
+        from rl.train import TrainError, settings_from
+
+        try:
+            settings_from(config.train)  # refused now, not after the first collect
+        except TrainError as e:
+            raise LoopError(f"{p}: train: {e}") from None
         return config
 
 
@@ -165,13 +177,11 @@ class LoopState:
 
     def write(self, out: Path) -> None:
         """Replace the state file atomically (write, fsync, rename)."""
+        from pipeline.atomic import write_atomic
+
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".{STATE_FILE}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"rounds": [asdict(r) for r in self.rounds]}, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out / STATE_FILE)
+        state = json.dumps({"rounds": [asdict(r) for r in self.rounds]}, indent=2)
+        write_atomic(out / STATE_FILE, state)
 
 
 def _say(message: str) -> None:
@@ -357,10 +367,10 @@ def serve_and_run(
     """Serve ``policy`` with the embedded policy server and run ``tasks`` x ``n`` against
     it in serve mode into ``run_dir`` (resumed if it holds a stopped run). Returns the
     rollout runner's ``RunSummary``."""
-    from forge_cli.proxy import DEFAULT_CONFDIR
-    from forge_cli.serve_args import serve_options
     from k8s_jobs.local import RolloutOptions, run_rollouts
     from k8s_jobs.outcome import ProgressPrinter
+    from mitm_addon.launch import DEFAULT_CONFDIR
+    from mitm_addon.launch.serve_options import serve_options
     from rl.policy.server import PolicyServer, ServerSettings
 
     server = PolicyServer(
@@ -429,7 +439,7 @@ def _snapshot(config: LoopConfig, record: RoundRecord) -> None:
 
 def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
     """Train round ``record.round``'s snapshot from ``base`` (the previous round's result)."""
-    from forge_cli.main import main as forge_main
+    from rl.train import TrainError, TrainJob, settings_from, train
 
     snap = config.out / "snapshots" / f"round-{record.round}"
     ckpt = config.out / "checkpoints" / f"step-{record.round + 1}"
@@ -441,10 +451,19 @@ def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
     if not ckpt.exists():  # else: trained before a stop (renamed into place when whole)
         tmp = ckpt.parent / f".{ckpt.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)  # a checkpoint cut short
-        args = ["train", "--snapshot", str(snap), "--model", base, "--out", str(tmp)]
-        code = forge_main([*args, "--no-progress", *config.train_args])
-        if code != 0:
-            raise LoopError(f"round {record.round}: forge train failed (exit {code})")
+        settings, keep_optimizer = settings_from(config.train)
+        job = TrainJob(
+            model=Path(base),
+            out=tmp,
+            snapshot=snap,
+            settings=settings,
+            keep_optimizer=keep_optimizer,
+            progress=False,
+        )
+        try:
+            train(job, on_metrics=lambda line: print(line, flush=True))
+        except TrainError as e:
+            raise LoopError(f"round {record.round}: training failed: {e}") from None
         os.replace(tmp, ckpt)
     record.checkpoint = str(ckpt.resolve())
     _say(f"round {record.round}: trained {ckpt}")

@@ -11,7 +11,7 @@ to the gradient of one step on the full batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -145,8 +145,11 @@ def ppo_loss(
     if config.use_kl_loss:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs reference logprobs (a reference model)")
+        # veRL annotates FloatTensor; any floating Tensor works.
         kld = core_algos.kl_penalty(
-            logprob=logprobs, ref_logprob=ref_logprobs, kl_penalty=config.kl_loss_type
+            logprob=cast("torch.FloatTensor", logprobs),
+            ref_logprob=cast("torch.FloatTensor", ref_logprobs),
+            kl_penalty=config.kl_loss_type,
         )
         kl_loss = core_algos.agg_loss(
             loss_mat=kld,

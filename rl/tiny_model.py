@@ -81,7 +81,8 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = Qwen3Config(**TINY_CONFIG)
     config.dtype = torch.float32
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(
         bos_token_id=TINY_CONFIG["bos_token_id"],
         eos_token_id=EOS_IDS,
@@ -109,7 +110,7 @@ def script_reply(model_dir: Path, reply: str, margin: float = 40.0) -> list[int]
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    ids = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids: list[int] = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
     trigger = tokenizer.encode("\n", add_special_tokens=False)
     chain = trigger + ids
     if len(set(chain[:-1])) != len(chain) - 1:

@@ -90,7 +90,8 @@ class Engine:
         self.model_dir = model_dir
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.model.to(self.device).eval()
+        # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
+        self.model.to(self.device).eval()  # type: ignore[arg-type]
         eos: Any = None
         try:
             eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id

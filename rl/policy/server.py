@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rl.policy.engine import Engine, EngineError, Generation, SamplingParams
 
@@ -376,7 +376,8 @@ class PolicyServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.httpd.server_address[0]}:{self.port}"
+        host = cast(str, self.httpd.server_address[0])  # an AF_INET server's host is a str
+        return f"http://{host}:{self.port}"
 
     def start(self) -> PolicyServer:
         self._thread = threading.Thread(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -89,8 +89,13 @@ def actor_config(cfg: DictConfig, model_path: Path, n_samples: int, world_size: 
             ppo_epochs=int(a.ppo_epochs),
             shuffle=bool(a.shuffle),
             clip_ratio=float(a.clip_ratio),
-            clip_ratio_low=None if a.clip_ratio_low is None else float(a.clip_ratio_low),
-            clip_ratio_high=None if a.clip_ratio_high is None else float(a.clip_ratio_high),
+            # veRL annotates float, but its policy losses read None as clip_ratio.
+            clip_ratio_low=cast(
+                float, None if a.clip_ratio_low is None else float(a.clip_ratio_low)
+            ),
+            clip_ratio_high=cast(
+                float, None if a.clip_ratio_high is None else float(a.clip_ratio_high)
+            ),
             loss_agg_mode=str(a.loss_agg_mode),
             entropy_coeff=float(a.entropy_coeff),
             use_kl_loss=bool(a.use_kl_loss),

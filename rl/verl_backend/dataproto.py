@@ -71,7 +71,7 @@ def to_dataproto(samples: Sequence[Sample], pad_id: int = 0, temperature: float 
             known[i] = True
         adv[i, :n] = s.advantage * mask.float()
     attention = torch.cat([prompt_mask, response_attention], dim=1)
-    return DataProto.from_dict(
+    data: DataProto = DataProto.from_dict(
         tensors={
             "prompts": prompts,
             "responses": responses,
@@ -89,3 +89,4 @@ def to_dataproto(samples: Sequence[Sample], pad_id: int = 0, temperature: float 
         },
         meta_info={"temperature": temperature},
     )
+    return data

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from forge_cli.proxy import free_port
+from mitm_addon.launch import free_port
 from rl.batches import Sample
 from rl.verl_backend import config as vconfig
 from rl.verl_backend.dataproto import to_dataproto
@@ -151,13 +151,16 @@ def train(
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    # BaseEngine does not declare ``module``; the FSDP engines set it in their __init__.
     state = get_model_state_dict(
-        worker.engine.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        worker.engine.module,  # type: ignore[attr-defined]
+        options=StateDictOptions(full_state_dict=True, cpu_offload=True),
     )
     dist.barrier()
     return VerlResult(
         metrics=metrics,
-        state_dict=state if rank == 0 else None,
+        # A full (unsharded) state dict holds plain tensors.
+        state_dict=cast("dict[str, torch.Tensor]", state) if rank == 0 else None,
         rank=rank,
         world_size=world,
         device="cuda" if cuda else "cpu",

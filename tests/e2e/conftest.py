@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_cli.proxy import RunningProxy
+from mitm_addon.launch import RunningProxy
 from tests.support.forge_proxy import SECRETS, files_containing, forge_proxy
 from tests.support.upstream import ScriptedUpstream
 

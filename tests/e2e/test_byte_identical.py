@@ -11,7 +11,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from forge_cli.proxy import stop_proxy_process
+from mitm_addon.launch import stop_proxy_process
 from pipeline.store import connect
 from tests.support.forge_proxy import forge_proxy, http_client
 

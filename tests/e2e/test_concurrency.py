@@ -22,7 +22,7 @@ import httpx
 import openai
 import pyarrow.parquet as pq
 
-from forge_cli.proxy import RunningProxy, stop_proxy_process
+from mitm_addon.launch import RunningProxy, stop_proxy_process
 from tests.support.forge_proxy import (
     ANTHROPIC_KEY,
     OPENAI_KEY,

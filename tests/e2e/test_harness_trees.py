@@ -268,7 +268,7 @@ def test_toy_harness_child_process_hangs_from_the_consult_call(
     ]
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["OPENAI_API_KEY"] = OPENAI_KEY
-    argv = [sys.executable, "-m", "rl.toy_harness", "make hello.txt"]
+    argv = [sys.executable, "-m", "k8s_jobs.toy_harness", "make hello.txt"]
     with ScriptedUpstream(script, side_text="Call it hello.txt.") as up:
         done = record(tmp_path, confdir, argv, env, tmp_path, {"api.openai.com": up.base_url})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import zstandard
 
-from forge_cli.proxy import stop_proxy_process
+from mitm_addon.launch import stop_proxy_process
 from pipeline.canonical import canonical_json
 from pipeline.reconstruct import reconstruct_request
 from pipeline.store import connect

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import certifi
 
-from forge_cli.proxy import ADDON, free_port, mitmdump_path, system_ca_file
+from mitm_addon.launch import ADDON, free_port, mitmdump_path, system_ca_file
 from tests.support.forge_proxy import forge_proxy
 
 
@@ -47,6 +47,23 @@ def test_listening_beyond_loopback_without_proxy_auth_is_refused(
 ) -> None:
     log = run_mitmdump(tmp_path, confdir, "--listen-host", "0.0.0.0")
     assert "set proxyauth" in log and "exiting" in log, log
+
+
+def test_listening_on_every_interface_when_asked_needs_proxy_auth(
+    tmp_path: Path, confdir: Path
+) -> None:
+    # An empty listen_host, given on purpose, is every interface: not overridden, refused.
+    log = run_mitmdump(tmp_path, confdir, "--listen-host", "")
+    assert "listen_host= (every interface)" in log and "set proxyauth" in log, log
+
+
+def test_an_eager_connection_strategy_the_user_set_is_refused_not_overridden(
+    tmp_path: Path, confdir: Path
+) -> None:
+    log = run_mitmdump(tmp_path, confdir, "--set", "connection_strategy=eager")
+    assert "connection_strategy=eager: Forge needs lazy" in log and "exiting" in log, log
+    log = run_mitmdump(tmp_path, confdir, "--set", "connection_strategy=lazy")
+    assert "proxy listening at 127.0.0.1:" in log, log
 
 
 def test_ca_private_key_is_readable_by_its_owner_only(tmp_path: Path) -> None:

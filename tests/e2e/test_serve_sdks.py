@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from forge_cli.proxy import RunningProxy
+from mitm_addon.launch import RunningProxy
 from pipeline.store import connect
 from tests.e2e.test_record_sdks import (
     SHELL_TOOL_ANTHROPIC,

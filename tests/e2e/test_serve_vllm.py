@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from forge_cli.proxy import free_port
+from mitm_addon.launch import free_port
 from pipeline.store import connect
 from tests.support.forge_proxy import OPENAI_KEY
 from tests.support.policy import policy_server
@@ -85,7 +85,7 @@ def record_toy(
     done = subprocess.run(
         [sys.executable, "-m", "forge_cli.main", "record", "--out", str(out), "--confdir",
          str(confdir), "--mode", "serve", "--policy", url, "--tokenizer", str(model), "--",
-         sys.executable, "-m", "rl.toy_harness", "list the files", "--max-turns", "3"],
+         sys.executable, "-m", "k8s_jobs.toy_harness", "list the files", "--max-turns", "3"],
         cwd=work, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     # The scripted policy calls `ls` every turn: the toy harness runs out of turns.

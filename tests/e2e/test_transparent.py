@@ -31,8 +31,7 @@ from typing import Any
 import psutil
 import pytest
 
-from forge_cli import transparent
-from forge_cli.proxy import ForgeError, system_ca_file
+from mitm_addon.launch import ForgeError, system_ca_file, transparent
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

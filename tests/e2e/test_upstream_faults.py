@@ -23,7 +23,7 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from forge_cli.proxy import RunningProxy
+from mitm_addon.launch import RunningProxy
 from tests.support.forge_proxy import (
     ANTHROPIC_KEY,
     OPENAI_KEY,

@@ -52,7 +52,7 @@ def test_record_runs_the_toy_harness_and_records_both_of_its_processes(
 ) -> None:
     with ScriptedUpstream(SCRIPT, side_text="Call it hello.txt.") as up:
         done = forge_record(
-            tmp_path, confdir, up, sys.executable, "-m", "rl.toy_harness", "make hello.txt"
+            tmp_path, confdir, up, sys.executable, "-m", "k8s_jobs.toy_harness", "make hello.txt"
         )
         received = [r for r in up.received if r.api == "openai_chat"]
     assert done.returncode == 0, done.stderr
@@ -114,7 +114,7 @@ def test_a_sigkilled_launcher_takes_its_proxy_along_and_its_calls_are_stored(
     run = tmp_path / "run"
     with ScriptedUpstream([{"text": "hi"}]) as up:
         ask = (
-            f"{sys.executable} -m rl.toy_harness 'say hi' && touch {tmp_path / 'asked'} && sleep 60"
+            f"{sys.executable} -m k8s_jobs.toy_harness 'say hi' && touch {tmp_path / 'asked'} && sleep 60"
         )
         launcher = subprocess.Popen(
             [sys.executable, "-m", "forge_cli.main", "record", "--out", str(run),

@@ -38,7 +38,7 @@ def test_record_in_serve_mode_answers_the_toy_harness_from_the_policy(
                 "--",
                 sys.executable,
                 "-m",
-                "rl.toy_harness",
+                "k8s_jobs.toy_harness",
                 "list the files",
                 "--max-turns",
                 "3",

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from forge_cli import cmd_eval, cmd_reward
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.evaluation import pass_at_k, pass_hat_k
 from pipeline.shards import shard_files, write_shard
 from pipeline.store import connect

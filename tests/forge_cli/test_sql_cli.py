@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from forge_cli import cmd_sql
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline.shards import write_shard
 from tests.pipeline.runs import call_row, reward_row, rollout_row
 

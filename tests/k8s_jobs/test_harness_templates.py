@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from forge_cli.proxy import ForgeError
 from k8s_jobs.harnesses import (
     HarnessTemplate,
     builtin_harnesses,
@@ -16,6 +15,7 @@ from k8s_jobs.harnesses import (
     render,
     resolve_executable,
 )
+from mitm_addon.launch import ForgeError
 from tests.support import harnesses as measured
 
 
@@ -70,7 +70,7 @@ def test_keys_come_from_the_callers_environment_when_set() -> None:
 
 def test_toy_runs_this_python() -> None:
     cmd = rendered("toy")
-    assert cmd.argv[:3] == (sys.executable, "-m", "rl.toy_harness")
+    assert cmd.argv[:3] == (sys.executable, "-m", "k8s_jobs.toy_harness")
     assert cmd.argv[-1] == "make hello.txt"
 
 

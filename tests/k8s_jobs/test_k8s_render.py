@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from forge_cli.proxy import ForgeError
 from k8s_jobs.k8s import K8sSettings, job_name, label_value, manifest_dicts
 from k8s_jobs.tasks import load_tasks, parse_task, parse_tasks
+from mitm_addon.launch import ForgeError
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "tasks" / "demo.jsonl"

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from forge_cli.proxy import ForgeError
 from k8s_jobs import RolloutOptions, RunSummary, parse_tasks, run_rollouts
 from k8s_jobs.outcome import Progress
+from mitm_addon.launch import ForgeError
 from pipeline.store import connect
 from tests.support.forge_proxy import files_containing
 from tests.support.toy_agent import HANG_MARKER, toy_agent

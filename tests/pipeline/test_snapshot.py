@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from forge_cli import cmd_snapshot
-from forge_cli.proxy import ForgeError
+from mitm_addon.launch import ForgeError
 from pipeline import snapshot
 from pipeline.schema import SCHEMA_VERSION
 from pipeline.shards import write_shard

@@ -40,7 +40,7 @@ def write_config(tmp_path: Path, model: Path, confdir: Path, **more: object) -> 
         # The scripted policy calls `ls` every turn, so every rollout runs out of turns:
         # counted as failures (reward 0) and kept, each round has samples to train on.
         "grpo": {"partial": "zero", "zero_spread": "keep"},
-        "train_args": ["--sft", "--lr", "1e-3"],
+        "train": {"sft": True, "lr": 1e-3},
         **more,
     }
     path = tmp_path / "loop.yaml"
@@ -160,8 +160,18 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
     bad.write_text("out: x\nmodel: y\ntasks: t\nmax_staleness: -1\n")
     with pytest.raises(LoopError, match="max_staleness must be 0"):
         LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\ntrain: {lr: 1e-3, lrr: 2}\n")
+    with pytest.raises(LoopError, match="train: unknown training setting.s. lrr"):
+        LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\ntrain: {loss_agg_mode: nope}\n")
+    with pytest.raises(LoopError, match="loss_agg_mode 'nope'"):
+        LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\ntrain_args: [--lr, '1e-3']\n")
+    with pytest.raises(LoopError, match="train_args .forge train flags. became train"):
+        LoopConfig.load(bad)
     config = LoopConfig.load(Path("rl/config/demo.yaml"))
     assert config.rounds == 2 and config.out == Path("data/loop/demo")
+    assert config.train == {"lr": 1e-3, "keep_optimizer": True}
 
 
 def test_each_round_samples_its_tasks_from_the_split_by_seed_and_round(tmp_path: Path) -> None:

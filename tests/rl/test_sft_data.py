@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from k8s_jobs.toy_harness import SYSTEM, TOOLS
 from mitm_addon.serve.completion import parse_hermes
 from mitm_addon.serve.renderer import Renderer
 from rl.batches import BatchError
 from rl.sft_data import chat_samples
 from rl.tiny_model import qwen3_tokenizer_dir
-from rl.toy_harness import SYSTEM, TOOLS
 
 
 @pytest.fixture(scope="module")

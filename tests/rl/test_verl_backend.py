@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from forge_cli.proxy import free_port
+from mitm_addon.launch import free_port
 from rl import trainer
 from rl.batches import SAMPLES_FILE, collate, read_samples
 from rl.verl_backend import config as vconfig

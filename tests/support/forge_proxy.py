@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from forge_cli.proxy import ProxySettings, RunningProxy, start_proxy, stop_proxy_process
+from mitm_addon.launch import ProxySettings, RunningProxy, start_proxy, stop_proxy_process
 
 # Dummy credentials the tests send; a scan checks that none of them reaches disk.
 OPENAI_KEY = "sk-proj-forgetestkey-0123456789abcdefABCDEF"

@@ -139,7 +139,7 @@ def test_the_cli_server_answers_and_stops_on_sigterm(tiny_models: tuple[Path, Pa
     import sys
     import time
 
-    from forge_cli.proxy import free_port
+    from mitm_addon.launch import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "forge_cli.main", "serve-policy"]

@@ -20,6 +20,7 @@ Linux only, root only, Debian's ``iptables`` package (nft or legacy backend).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import shlex
@@ -33,7 +34,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge_cli.proxy import ForgeError, RunningProxy
+from mitm_addon.launch.errors import ForgeError
+from mitm_addon.launch.proxy import RunningProxy
 
 __all__ = [
     "HARNESS_HOME",
@@ -82,6 +84,8 @@ _COMMAND_TIMEOUT_S = 30.0
 _CHILD_STOP_S = 10.0
 _XTABLES_WAIT_S = "10"
 _INSTALL_HINT = "apt-get install iptables"
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- pure parts
@@ -243,10 +247,10 @@ def find_tools() -> Tools:
         )
     ip6tables = _which("ip6tables")
     if ip6tables is None and _ipv6_enabled():
-        print(
-            "forge: warning: ip6tables not found: the harness's IPv6 traffic on port 443 is "
-            f"neither captured nor blocked ({_INSTALL_HINT})",
-            file=sys.stderr,
+        log.warning(
+            "warning: ip6tables not found: the harness's IPv6 traffic on port 443 is "
+            "neither captured nor blocked (%s)",
+            _INSTALL_HINT,
         )
     return Tools(iptables, ip6tables if _ipv6_enabled() else None)
 
@@ -455,10 +459,9 @@ def redirect_to_proxy(
         with _signals_blocked():
             left = _remove(installed)
         if left:
-            print(
-                "forge: warning: could not remove these iptables rules; remove them by hand:\n"
-                + "\n".join("  " + shlex.join(delete_argv(r)) for r in left),
-                file=sys.stderr,
+            log.warning(
+                "warning: could not remove these iptables rules; remove them by hand:\n%s",
+                "\n".join("  " + shlex.join(delete_argv(r)) for r in left),
             )
 
 
@@ -592,9 +595,10 @@ def run_harness(
         child_env = harness_child_env(env, user, home, replace)
         _probe_access(user, cmd, child_env, os.getcwd())
         stack.enter_context(redirect_to_proxy(user.uid, proxy.port, harness.tools))
-        print(
-            f"forge: transparent capture: {cmd[0]} runs as {user.describe()}, its port "
-            f"{CAPTURE_PORT} redirected to the proxy",
-            file=sys.stderr,
+        log.info(
+            "transparent capture: %s runs as %s, its port %d redirected to the proxy",
+            cmd[0],
+            user.describe(),
+            CAPTURE_PORT,
         )
         return run_as(cmd, child_env, user)

@@ -1,4 +1,5 @@
-"""Start and stop a ``mitmdump`` running Forge's addon, and the environment that trusts it."""
+"""Start and stop a ``mitmdump`` running Forge's addon, and give a harness the environment
+that sends its calls through it."""
 
 from __future__ import annotations
 
@@ -7,22 +8,19 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-ADDON = Path(__file__).resolve().parent.parent / "mitm_addon" / "forge_addon.py"
+from mitm_addon.launch.errors import ForgeError
+from mitm_addon.launch.trust import trust_env, write_ca_bundle
+
+ADDON = Path(__file__).resolve().parent.parent / "forge_addon.py"
 DEFAULT_CONFDIR = Path("~/.forge/mitmproxy")
 _READY_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 30.0
-
-
-class ForgeError(RuntimeError):
-    """A failure the user can act on; the message says how."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -163,79 +161,18 @@ def stop_proxy_process(process: subprocess.Popen[bytes]) -> int:
     return process.returncode or 0
 
 
-def system_ca_file() -> Path | None:
-    for candidate in (
-        ssl.get_default_verify_paths().cafile,
-        "/etc/ssl/certs/ca-certificates.crt",
-        "/etc/pki/tls/certs/ca-bundle.crt",
-    ):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    try:
-        import certifi
-
-        return Path(certifi.where())
-    except ImportError:
-        return None
-
-
 def ca_bundle(proxy: RunningProxy) -> Path:
-    """System CAs plus Forge's, for variables that replace the system store."""
-    bundle = proxy.confdir / "forge-ca-bundle.pem"
-    parts = []
-    system = system_ca_file()
-    if system is not None:
-        parts.append(system.read_text(errors="replace").rstrip() + "\n")
-    parts.append(proxy.ca_cert.read_text())
-    tmp = bundle.with_suffix(".tmp")
-    tmp.write_text("".join(parts))
-    tmp.replace(bundle)
-    return bundle
+    """System CAs plus the proxy's, for the variables that replace the system store."""
+    return write_ca_bundle(proxy.ca_cert, proxy.confdir / "forge-ca-bundle.pem")
 
 
 def harness_env(
     proxy: RunningProxy, base: dict[str, str], rollout: str | None, proxy_user: str | None = None
 ) -> dict[str, str]:
-    """The child's environment: proxy variables and CA trust for every runtime."""
-    env = dict(base)
+    """The child's environment: ``base`` plus the proxy and CA-trust variables of every
+    runtime, and ``FORGE_ROLLOUT_ID`` when a rollout is named."""
     url = proxy.url if not proxy_user else f"http://{proxy_user}:x@127.0.0.1:{proxy.port}"
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        env[name] = url
-    no_proxy = "localhost,127.0.0.1,::1"
-    env["NO_PROXY"] = env["no_proxy"] = no_proxy
-    bundle = str(ca_bundle(proxy))
-    env["NODE_EXTRA_CA_CERTS"] = str(proxy.ca_cert)  # added to Node's store
-    for name in (
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-        "CODEX_CA_CERTIFICATE",
-    ):
-        env[name] = bundle  # these replace the store: system CAs + Forge's
+    env = {**base, **trust_env(url, proxy.ca_cert, ca_bundle(proxy))}
     if rollout:
         env["FORGE_ROLLOUT_ID"] = rollout
     return env
-
-
-def add_upstream_argument(p: Any) -> None:
-    """--upstream HOST=URL (repeatable), for the commands that start a proxy."""
-    p.add_argument(
-        "--upstream",
-        action="append",
-        default=[],
-        metavar="HOST=URL",
-        help="send a provider host to another base URL; repeatable",
-    )
-
-
-def add_set_argument(p: Any) -> None:
-    """--set OPTION=VALUE (repeatable, into args.extra): any other proxy option."""
-    p.add_argument(
-        "--set",
-        dest="extra",
-        action="append",
-        default=[],
-        metavar="OPTION=VALUE",
-        help="any other mitmproxy or forge_ option for the proxy; repeatable",
-    )

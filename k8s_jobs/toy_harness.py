@@ -4,7 +4,7 @@ It is an ordinary client: it talks to api.openai.com (Chat Completions) and know
 nothing of Forge; run it under ``forge record`` to have its calls recorded. Tools:
 
 * ``shell``: run a command in the working directory, return its output;
-* ``consult``: start a child process (``python -m rl.toy_harness --consult``) that
+* ``consult``: start a child process (``python -m k8s_jobs.toy_harness --consult``) that
   makes its own LLM call and prints the answer, so one rollout spans two processes.
 """
 
@@ -14,9 +14,15 @@ import argparse
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import (
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+    ChatCompletionToolUnionParam,
+)
 
 SYSTEM = "You are a careful coding agent. Use the shell tool to act; answer briefly when done."
 TOOLS: list[dict[str, Any]] = [
@@ -64,7 +70,7 @@ def run_tool(name: str, arguments: str) -> str:
         return (f"exit={proc.returncode}\n{proc.stdout}{proc.stderr}")[:_OUTPUT_CHARS]
     if name == "consult":
         proc = subprocess.run(
-            [sys.executable, "-m", "rl.toy_harness", "--consult", str(args.get("question", ""))],
+            [sys.executable, "-m", "k8s_jobs.toy_harness", "--consult", str(args.get("question", ""))],
             capture_output=True,
             text=True,
             timeout=_TOOL_TIMEOUT_S,
@@ -89,31 +95,37 @@ def run_agent(client: openai.OpenAI, model: str, task: str, max_turns: int, stre
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task},
     ]
+    # The SDK types messages and tools as TypedDicts; our plain dicts have the same shape.
+    params = cast("list[ChatCompletionMessageParam]", messages)  # the same list, retyped
+    tools = cast("list[ChatCompletionToolUnionParam]", TOOLS)
     for _ in range(max_turns):
+        message: ChatCompletionMessage
         if stream:
-            with client.chat.completions.stream(model=model, messages=messages, tools=TOOLS) as s:  # type: ignore[arg-type]
+            with client.chat.completions.stream(model=model, messages=params, tools=tools) as s:
                 message = s.get_final_completion().choices[0].message
         else:
             message = (
-                client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+                client.chat.completions.create(model=model, messages=params, tools=tools)
                 .choices[0]
                 .message
-            )  # type: ignore[arg-type]
+            )
+        # We offer only function tools, so every call the model makes is a function call.
+        tool_calls = cast("list[ChatCompletionMessageFunctionToolCall] | None", message.tool_calls)
         turn: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if message.tool_calls:
+        if tool_calls:
             turn["tool_calls"] = [
                 {
                     "id": c.id,
                     "type": "function",
                     "function": {"name": c.function.name, "arguments": c.function.arguments},
                 }
-                for c in message.tool_calls
+                for c in tool_calls
             ]
         messages.append(turn)
-        if not message.tool_calls:
+        if not tool_calls:
             print(message.content or "")
             return 0
-        for call in message.tool_calls:
+        for call in tool_calls:
             messages.append(
                 {
                     "role": "tool",
