@@ -5,12 +5,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 DEFAULT_HOSTS = ("api.anthropic.com", "api.openai.com", "chatgpt.com")
-MODES = ("record", "serve")
-OTHER_HOSTS = ("pass", "404")
-ON_WRITE_ERROR = ("fail", "refuse", "warn")
+
+Mode = Literal["record", "serve"]
+OtherHosts = Literal["pass", "404"]
+OnWriteError = Literal["fail", "warn"]
+Builder = Literal["process", "thread"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+OTHER_HOSTS: tuple[OtherHosts, ...] = get_args(OtherHosts)
+ON_WRITE_ERROR: tuple[OnWriteError, ...] = get_args(OnWriteError)
+BUILDERS: tuple[Builder, ...] = get_args(Builder)
+
+_Choice = TypeVar("_Choice", bound=str)
 
 
 class ConfigError(ValueError):
@@ -36,27 +45,24 @@ class Redaction:
     patterns: tuple[re.Pattern[str], ...] = ()  # scrubbed from stored text
 
 
-BUILDERS = ("process", "thread")
-
-
 @dataclass(frozen=True)
 class Config:
     out_dir: Path | None
-    mode: str = "record"
+    mode: Mode = "record"
     rollout: str | None = None
     hosts: frozenset[str] = frozenset(DEFAULT_HOSTS)
     upstreams: dict[str, Upstream] = field(default_factory=dict)
-    other_hosts: str = "pass"
+    other_hosts: OtherHosts = "pass"
     redaction: Redaction = Redaction()
     rotate_rows: int = 5000
     rotate_bytes: int = 64 * 1024 * 1024
     rotate_seconds: float = 60.0
     max_body_bytes: int = 256 * 1024 * 1024
-    on_write_error: str = "fail"
+    on_write_error: OnWriteError = "fail"
     min_free_bytes: int = 64 * 1024 * 1024
     process_lookup: bool = True
     refuse_websocket: bool = False
-    builder: str = "process"  # where shards are built: a child process, or a thread
+    builder: Builder = "process"  # where shards are built: a child process, or a thread
     # Serve mode: the policy server's base URL, the policy's tokenizer folder, and the
     # requested models it answers (empty: all).
     policy_url: str | None = None
@@ -144,10 +150,11 @@ def parse_redaction(value: str) -> Redaction:
     return Redaction(frozenset(headers), frozenset(params), tuple(patterns))
 
 
-def parse_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r}: choose one of {', '.join(choices)}")
-    return value
+def parse_choice(name: str, value: str, choices: tuple[_Choice, ...]) -> _Choice:
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise ConfigError(f"{name}={value!r}: choose one of {', '.join(choices)}")
 
 
 def parse_positive(name: str, value: float) -> float:

@@ -77,6 +77,14 @@ def parse_models(value: str) -> tuple[str, ...]:
     return () if names in ((), ("all",)) else names
 
 
+def serves_model(models: tuple[str, ...], model: str | None) -> bool:
+    """Does the policy answer calls naming ``model``, given ``forge_serve_models`` (parsed
+    by ``parse_models``: empty for all)?"""
+    if not models:
+        return True
+    return model is not None and any(fnmatch.fnmatchcase(model, p) for p in models)
+
+
 def answers_locally(method: str, path: str) -> bool:
     """The provider endpoints serve mode answers itself: model lists, token counting."""
     route = path.split("?", 1)[0].rstrip("/")
@@ -111,9 +119,7 @@ class Server:
 
     def serves(self, model: str | None) -> bool:
         """Does the policy answer calls naming this model (``forge_serve_models``)?"""
-        if not self.models:
-            return True
-        return model is not None and any(fnmatch.fnmatchcase(model, p) for p in self.models)
+        return serves_model(self.models, model)
 
     # -- model calls ---------------------------------------------------------------------
 

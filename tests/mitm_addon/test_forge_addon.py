@@ -3,25 +3,92 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mitmproxy import exceptions, flow, http
 from mitmproxy.test import taddons, tflow
 
-from mitm_addon.forge_addon import ForgeAddon, Tee
+from mitm_addon.addons.state import FlowState
+from mitm_addon.forge_addon import make_addons
+from mitm_addon.tee import Tee
 from pipeline.store import connect
 
 WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
 SECRET = "sk-ant-unit-test-secret-0123456789"
 
 
+class ForgeAddons:
+    """Forge's addons as ``mitm_addon/forge_addon.py`` composes them, with each hook fired
+    on every one of them in order, as mitmproxy fires it (an awaitable a hook returns is
+    run to its end before the next addon's hook)."""
+
+    HOOKS = frozenset(
+        {
+            "running",
+            "done",
+            "client_connected",
+            "client_disconnected",
+            "http_connect",
+            "tls_clienthello",
+            "requestheaders",
+            "request",
+            "responseheaders",
+            "response",
+            "error",
+            "websocket_message",
+            "websocket_end",
+        }
+    )
+
+    def __init__(self) -> None:
+        self.addons = make_addons()
+        self.settings, self.routing, self.recording, self.serving = self.addons
+        self.tctx: taddons.context | None = None
+
+    def configure(self, **options: Any) -> None:
+        """Set options: mitmproxy calls every addon's configure with the changed names."""
+        assert self.tctx is not None, "use addon_context first"
+        self.tctx.configure(self.addons[0], **options)
+
+    def fire(self, name: str, *args: Any) -> None:
+        assert self.tctx is not None, "use addon_context first"
+        for addon in self.addons:
+            hook = getattr(addon, name, None)
+            if hook is None:
+                continue
+            result = hook(*args)
+            if inspect.isawaitable(result):
+                self.tctx.master.event_loop.run_until_complete(result)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ForgeAddons.HOOKS:
+            return lambda *args: self.fire(name, *args)
+        raise AttributeError(name)
+
+
+def state_of(f: http.HTTPFlow) -> FlowState:
+    state = FlowState.of(f)
+    assert state is not None, "Routing took no state for this flow"
+    return state
+
+
+def capture_of(f: http.HTTPFlow) -> Any:
+    """The record a flow's call has open (None: none)."""
+    state = FlowState.of(f)
+    return state.capture if state is not None else None
+
+
 @contextlib.contextmanager
-def addon_context(a: ForgeAddon) -> Iterator[taddons.context]:
-    """taddons.context, with the event loop it makes outside a running loop closed afterwards."""
-    with taddons.context(a) as tctx:
+def addon_context(a: ForgeAddons) -> Iterator[taddons.context]:
+    """taddons.context with Forge's addons, the event loop it makes outside a running loop
+    closed afterwards."""
+    with taddons.context(*a.addons) as tctx:
+        a.tctx = tctx
         try:
             yield tctx
         finally:
@@ -30,11 +97,10 @@ def addon_context(a: ForgeAddon) -> Iterator[taddons.context]:
 
 
 @pytest.fixture
-def addon(tmp_path: Path) -> Iterator[tuple[ForgeAddon, taddons.context]]:
-    a = ForgeAddon()
+def addon(tmp_path: Path) -> Iterator[tuple[ForgeAddons, taddons.context]]:
+    a = ForgeAddons()
     with addon_context(a) as tctx:
-        tctx.configure(
-            a,
+        a.configure(
             forge_dir=str(tmp_path / "run"),
             forge_process_lookup=False,
             forge_rollout="r-1",
@@ -59,7 +125,7 @@ def llm_flow(host: str, path: str, body: bytes, **headers: str) -> http.HTTPFlow
 
 
 def respond(
-    addon: ForgeAddon, f: http.HTTPFlow, status: int, content_type: str, chunks: list[bytes]
+    addon: ForgeAddons, f: http.HTTPFlow, status: int, content_type: str, chunks: list[bytes]
 ) -> bytes:
     """Drive responseheaders -> stream chunks -> response, as mitmproxy does; returns what the client got."""
     f.response = http.Response.make(status, b"", {"content-type": content_type})
@@ -117,7 +183,7 @@ def test_other_hosts_are_tunnelled_without_interception(addon) -> None:
 
 def test_other_hosts_404_answers_locally(addon) -> None:
     a, tctx = addon
-    tctx.configure(a, forge_other_hosts="404")
+    a.configure(forge_other_hosts="404")
     f = llm_flow("models.dev", "/api.json", b"")
     f.request.method = "GET"
     a.request(f)
@@ -126,7 +192,7 @@ def test_other_hosts_404_answers_locally(addon) -> None:
 
 def test_upstream_option_reroutes_the_call(addon) -> None:
     a, tctx = addon
-    tctx.configure(a, forge_upstream="api.openai.com=http://127.0.0.1:9/base")
+    a.configure(forge_upstream="api.openai.com=http://127.0.0.1:9/base")
     body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
     f = llm_flow("api.openai.com", "/v1/chat/completions", body, authorization=f"Bearer {SECRET}")
     a.request(f)
@@ -158,15 +224,15 @@ def test_bad_option_values_raise_options_error(addon, option: str, value: str) -
 def test_unwritable_forge_dir_refuses_to_start(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    a = ForgeAddon()
-    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match="not writable"):
-        tctx.configure(a, forge_dir=str(blocker / "run"))
+    a = ForgeAddons()
+    with addon_context(a), pytest.raises(exceptions.OptionsError, match="not writable"):
+        a.configure(forge_dir=str(blocker / "run"))
 
 
 def test_unconfigured_addon_refuses_llm_calls_rather_than_pass_them_unrecorded() -> None:
-    a = ForgeAddon()
-    with addon_context(a) as tctx:
-        tctx.configure(a, forge_process_lookup=False)
+    a = ForgeAddons()
+    with addon_context(a):
+        a.configure(forge_process_lookup=False)
         f = llm_flow("api.openai.com", "/v1/chat/completions", b"{}")
         a.request(f)
         assert f.response is not None and f.response.status_code == 503
@@ -178,7 +244,7 @@ def test_non_model_requests_are_counted_not_recorded(addon, tmp_path: Path) -> N
     f = llm_flow("api.openai.com", "/v1/models", b"")
     f.request.method = "GET"
     a.request(f)
-    assert "forge_capture" not in f.metadata
+    assert capture_of(f) is None
     f.response = http.Response.make(200, b'{"data": []}', {"content-type": "application/json"})
     a.response(f)
     a.done()
@@ -260,7 +326,7 @@ def test_websocket_responses_calls_are_split_per_response_create(addon, tmp_path
 
 def test_secret_in_request_body_is_scrubbed_before_disk(addon, tmp_path: Path) -> None:
     a, tctx = addon
-    tctx.configure(a, forge_redact="re:tok-[a-z]{12}")
+    a.configure(forge_redact="re:tok-[a-z]{12}")
     body = json.dumps(
         {
             "model": "m",
@@ -298,7 +364,7 @@ _CLIENT_HELLO_EXAMPLE_COM = (
 
 def test_refused_websocket_upgrade_gets_426_so_codex_falls_back_to_http(addon) -> None:
     a, tctx = addon
-    tctx.configure(a, forge_refuse_websocket=True)
+    a.configure(forge_refuse_websocket=True)
     f = tflow.twebsocketflow(messages=False)
     f.response = None
     f.request.host, f.request.path, f.request.port = "api.openai.com", "/v1/responses", 443
@@ -308,7 +374,7 @@ def test_refused_websocket_upgrade_gets_426_so_codex_falls_back_to_http(addon) -
 
 
 def headers_arrive(
-    tctx: taddons.context, a: ForgeAddon, f: http.HTTPFlow, length: bool = True
+    tctx: taddons.context, a: ForgeAddons, f: http.HTTPFlow, length: bool = True
 ) -> None:
     """mitmproxy's requestheaders hook: the body has not arrived (content is unset)."""
     size = len(f.request.raw_content or b"")
@@ -378,7 +444,7 @@ def test_requests_that_need_their_whole_body_are_not_streamed(addon, case: str) 
     f = llm_flow(host, path, body)
     headers_arrive(tctx, a, f, length=case != "chunked")
     assert not f.request.stream
-    assert "forge_capture" not in f.metadata
+    assert capture_of(f) is None
     f.request.content = body  # buffered: the request hook sees it whole
     a.request(f)
-    assert ("forge_capture" in f.metadata) == (case != "other-host")
+    assert (capture_of(f) is not None) == (case != "other-host")

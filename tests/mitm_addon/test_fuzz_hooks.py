@@ -32,8 +32,8 @@ from mitmproxy import http, websocket
 from mitmproxy.flow import Error
 from mitmproxy.test import tflow
 
-from mitm_addon.forge_addon import ForgeAddon, Tee
-from tests.mitm_addon.test_forge_addon import addon_context
+from mitm_addon.tee import Tee
+from tests.mitm_addon.test_forge_addon import ForgeAddons, addon_context, capture_of
 
 SOAK = os.environ.get("FORGE_SOAK") == "1"
 SOAK_FACTOR = 10
@@ -205,7 +205,7 @@ def _flow(plan: Plan) -> http.HTTPFlow:
     return f
 
 
-def drive(a: ForgeAddon, f: http.HTTPFlow, plan: Plan, delivered: list[bytes]) -> Iterator[str]:
+def drive(a: ForgeAddons, f: http.HTTPFlow, plan: Plan, delivered: list[bytes]) -> Iterator[str]:
     """The hooks of one flow in mitmproxy's order, one step per ``next``; yields the step."""
     a.request(f)
     yield "request"
@@ -255,9 +255,9 @@ def run_flows(plans_: Sequence[Plan], schedule: Sequence[int], **options: Any) -
     """Drive the flows interleaved per ``schedule`` (each entry picks a flow to advance)."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        a = ForgeAddon()
-        with addon_context(a) as tctx:
-            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", **options)
+        a = ForgeAddons()
+        with addon_context(a):
+            a.configure(forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", **options)
             a.running()
             flows = [_flow(p) for p in plans_]
             delivered: dict[int, list[bytes]] = {i: [] for i in range(len(flows))}
@@ -271,8 +271,8 @@ def run_flows(plans_: Sequence[Plan], schedule: Sequence[int], **options: Any) -
             while pending:
                 i = pending[next(picks, 0) % len(pending)]
                 step = next(steps[i], None)
-                if step == "request" and "forge_capture" in flows[i].metadata:
-                    captured.append(flows[i].metadata["forge_capture"].call_id)
+                if step == "request" and (capture := capture_of(flows[i])) is not None:
+                    captured.append(capture.call_id)
                 if step is None:
                     pending.remove(i)
             a.done()
@@ -402,9 +402,9 @@ def test_websocket_messages_in_any_order_give_one_row_per_response_create(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        a = ForgeAddon()
-        with addon_context(a) as tctx:
-            tctx.configure(a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread")
+        a = ForgeAddons()
+        with addon_context(a):
+            a.configure(forge_dir=str(run), forge_process_lookup=False, forge_builder="thread")
             a.running()
             f = tflow.twebsocketflow(messages=False)
             f.request.host, f.request.path, f.request.port = "api.openai.com", "/v1/responses", 443
@@ -484,10 +484,10 @@ def anthropic_stream(total: int) -> Iterator[bytes]:
 
 def test_a_huge_stream_passes_whole_while_the_tee_keeps_at_most_its_limit(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    a = ForgeAddon()
-    with addon_context(a) as tctx:
-        tctx.configure(
-            a, forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", forge_max_body_bytes=TEE_LIMIT
+    a = ForgeAddons()
+    with addon_context(a):
+        a.configure(
+            forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", forge_max_body_bytes=TEE_LIMIT
         )
         a.running()
         plan = Plan(
@@ -557,19 +557,19 @@ def test_non_utf8_bytes_in_the_path_do_not_escape_the_request_hook() -> None:
     plan = _plan()
     f = _flow(plan)
     f.request.data.path = b"/v1/chat/completions?q=caf\xe9"
-    a = ForgeAddon()
-    with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
+    a = ForgeAddons()
+    with tempfile.TemporaryDirectory() as tmp, addon_context(a):
+        a.configure(forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
         a.running()
         a.request(f)
-        assert "forge_capture" in f.metadata
+        assert capture_of(f) is not None
 
 
 def test_deeply_nested_json_to_an_unknown_endpoint_does_not_escape_the_request_hook() -> None:
     plan = _plan("/v1/completions", request_body=b"[" * 100_000)
-    a = ForgeAddon()
-    with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(a, forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
+    a = ForgeAddons()
+    with tempfile.TemporaryDirectory() as tmp, addon_context(a):
+        a.configure(forge_dir=tmp, forge_process_lookup=False, forge_builder="thread")
         a.running()
         a.request(_flow(plan))
 
@@ -585,10 +585,9 @@ def test_a_compressed_request_to_an_unknown_endpoint_is_decoded_within_the_bound
     plan = _plan("/v1/completions", request_body=bomb)
     plan.request_headers.append((b"content-encoding", b"br"))
     f = _flow(plan)
-    a = ForgeAddon()
-    with tempfile.TemporaryDirectory() as tmp, addon_context(a) as tctx:
-        tctx.configure(
-            a,
+    a = ForgeAddons()
+    with tempfile.TemporaryDirectory() as tmp, addon_context(a):
+        a.configure(
             forge_dir=tmp,
             forge_process_lookup=False,
             forge_builder="thread",

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mitmproxy import exceptions
 
-from mitm_addon.forge_addon import ForgeAddon
+from mitm_addon.addons.state import Route
 from rl.tiny_model import qwen3_tokenizer_dir
-from tests.mitm_addon.test_forge_addon import addon_context, llm_flow
+from tests.mitm_addon.test_forge_addon import ForgeAddons, addon_context, llm_flow, state_of
 
 
 @pytest.mark.parametrize(
@@ -32,18 +32,17 @@ from tests.mitm_addon.test_forge_addon import addon_context, llm_flow
 def test_bad_serve_settings_raise_options_error(
     tmp_path: Path, settings: dict[str, str], words: str
 ) -> None:
-    a = ForgeAddon()
-    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match=words):
-        tctx.configure(a, forge_dir=str(tmp_path / "run"), **settings)
+    a = ForgeAddons()
+    with addon_context(a), pytest.raises(exceptions.OptionsError, match=words):
+        a.configure(forge_dir=str(tmp_path / "run"), **settings)
 
 
 def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
     tmp_path: Path,
 ) -> None:
-    a = ForgeAddon()
-    with addon_context(a) as tctx:
-        tctx.configure(
-            a,
+    a = ForgeAddons()
+    with addon_context(a):
+        a.configure(
             forge_dir=str(tmp_path / "run"),
             forge_process_lookup=False,
             forge_mode="serve",
@@ -52,7 +51,8 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
             forge_serve_models="claude-*",
         )
         a.running()
-        assert a.serve.server is not None and a.serve.server.client.base_url == "http://127.0.0.1:9"
+        server = a.serving.server
+        assert server is not None and server.client.base_url == "http://127.0.0.1:9"
         body = {
             "model": "claude-x",
             "max_tokens": 5,
@@ -60,12 +60,18 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
         }
         served = llm_flow("api.anthropic.com", "/v1/messages", json.dumps(body).encode())
         a.request(served)
-        assert served.metadata.get("forge_serve") is True and served.response is None
+        # Held for the policy, recorded; the policy (nothing listens on port 9) cannot be
+        # reached, and the harness is told so in the API's own error shape.
+        assert state_of(served).route is Route.SERVED and state_of(served).capture is not None
+        assert served.response is not None and served.response.status_code == 503
+        assert json.loads(served.response.content)["type"] == "error"
+        assert served.request.host == "api.anthropic.com"  # never sent to the provider
         other = llm_flow(
             "api.anthropic.com", "/v1/messages", json.dumps(dict(body, model="gpt-x")).encode()
         )
         a.request(other)
-        assert "forge_serve" not in other.metadata and "forge_capture" in other.metadata
+        assert state_of(other).route is Route.MODEL and state_of(other).capture is not None
+        assert other.response is None  # to its provider
         ws = llm_flow("chatgpt.com", "/backend-api/codex/responses", b"")
         ws.request.method = "GET"
         ws.request.headers["upgrade"] = "websocket"
@@ -74,10 +80,9 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
 
 
 def test_a_negative_serve_max_tokens_is_an_options_error(tmp_path: Path) -> None:
-    a = ForgeAddon()
-    with addon_context(a) as tctx, pytest.raises(exceptions.OptionsError, match=">= 0"):
-        tctx.configure(
-            a,
+    a = ForgeAddons()
+    with addon_context(a), pytest.raises(exceptions.OptionsError, match=">= 0"):
+        a.configure(
             forge_dir=str(tmp_path / "run"),
             forge_mode="serve",
             forge_policy="http://127.0.0.1:9",
