@@ -77,8 +77,11 @@ $(VLLM_STAMP):
 test-vllm: setup vllm-setup
 	FORGE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -m vllm -q
 
+# ruff; the import contracts of pyproject.toml (forge_cli > rl : k8s_jobs > mitm_addon >
+# pipeline); mypy strict on every package.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 schema-doc: setup

@@ -3,7 +3,7 @@
     python -m bench.bench_rollouts                 # quick: 2 tasks x 4 rollouts, 4 at a time
     python -m bench.bench_rollouts --tasks 8 -n 4 --parallel 8   # the 32 at 8
 
-Both sides run the toy harness (``rl/toy_harness.py``, the openai SDK in a subprocess) on
+Both sides run the toy harness (``k8s_jobs/toy_harness.py``, the openai SDK in a subprocess) on
 the same file-writing tasks against one scripted provider (``tests/support/upstream.py``,
 the Chat Completions wire format) at the same parallelism:
 
@@ -105,7 +105,7 @@ def run_bare(
         task = i // n
         cwd = work / "bare" / str(i)
         cwd.mkdir(parents=True)
-        argv = [sys.executable, "-m", "rl.toy_harness", f"Create f{task}.txt containing hi."]
+        argv = [sys.executable, "-m", "k8s_jobs.toy_harness", f"Create f{task}.txt containing hi."]
         # A session of its own, as the runner gives each harness: with Linux's scheduler
         # autogroups each session gets a fair CPU share, so anything else would skew wall time.
         done = subprocess.run(
