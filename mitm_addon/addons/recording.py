@@ -60,16 +60,15 @@ class Recording:
         self._lookups = ProcessLookups(os.getpid())
         self._local_addresses = local_addresses()
         self._parent_watch: asyncio.Task[None] | None = None
-        self._writer_dir: Path | None = None
 
     # -- life cycle ----------------------------------------------------------------------
 
     def configure(self, updated: set[str]) -> None:
-        config = self.shared.config
-        if "forge_dir" not in updated or self.shared.writer is None or config is None:
+        config, writer = self.shared.config, self.shared.writer
+        if "forge_dir" not in updated or writer is None or config is None:
             return
-        if config.out_dir != self._writer_dir:  # a new forge_dir: record there from now on
-            self.shared.writer.stop()
+        if config.out_dir != writer.root:  # a new forge_dir: record there from now on
+            writer.stop()
             self.shared.writer = None
             self.running()
 
@@ -80,7 +79,6 @@ class Recording:
                 log.error("forge: %s; LLM calls will be refused until it is", shared.config_error)
             return
         writer = shared.writer = Writer(config, shared.run_id)
-        self._writer_dir = config.out_dir
         report = writer.start()
         if report.segments:
             log.warning(

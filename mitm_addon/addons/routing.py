@@ -38,7 +38,10 @@ class Routing:
         self.shared = shared
         self._hosts: dict[str, tuple[str, bool]] = {}  # Host header -> (host, in forge_hosts)
         self._adapters: dict[tuple[str, str], Adapter | None] = {}  # (method, path) -> adapter
-        self._hosts_of: frozenset[str] | None = None  # the forge_hosts _hosts was built for
+
+    def configure(self, updated: set[str]) -> None:
+        if "forge_hosts" in updated:
+            self._hosts.clear()  # verdicts of the old forge_hosts
 
     # -- connections ---------------------------------------------------------------------
 
@@ -190,9 +193,6 @@ class Routing:
         the authority instead, which ``request.host_header`` gives."""
         config = self.shared.config
         assert config is not None
-        if config.hosts is not self._hosts_of:  # forge_hosts changed: the verdicts too
-            self._hosts.clear()
-            self._hosts_of = config.hosts
         if request.is_http2 or request.is_http3:
             host_header = request.host_header
         if not host_header or not host_header.isascii():  # the rare case: parse every time

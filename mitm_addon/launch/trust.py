@@ -26,7 +26,6 @@ BUNDLE_VARIABLES = (
     "GIT_SSL_CAINFO",  # git
     "CODEX_CA_CERTIFICATE",  # Codex CLI
 )
-TRUST_VARIABLES = ADDED_CA_VARIABLES + BUNDLE_VARIABLES
 
 
 def system_ca_file() -> Path | None:
