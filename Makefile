@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 harnesses: $(HARNESS_STAMP)
 
-$(HARNESS_STAMP): .harnesses/package.json .harnesses/package-lock.json
+$(HARNESS_STAMP): .harnesses/package.json .harnesses/package-lock.json .harnesses/node/package-lock.json
 	bash scripts/install_harnesses.sh
 	touch $(HARNESS_STAMP)
 
@@ -88,4 +88,4 @@ schema-doc: setup
 	$(PY) -m pipeline.schema > docs/schema.md
 
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) .harnesses/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LITELLM_VENV) .harnesses/node_modules .harnesses/node/node_modules .pytest_cache .mypy_cache .ruff_cache

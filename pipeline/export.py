@@ -32,6 +32,7 @@ from pipeline.atomic import atomic_file
 from pipeline.canonical import resolve_refs
 from pipeline.reconstruct import MissingRow
 from pipeline.snapshot import TrajectoryFilter, select_rollouts
+from pipeline.volatile import drop_system_block
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,18 @@ def _tool_call(call_id: Any, name: Any, arguments: str) -> dict[str, Any]:
 
 
 def _system_text(system: Any) -> str:
+    """The system prompt's text, without the blocks that are request attributes
+    (``pipeline.volatile``: Claude Code's billing header)."""
+    if isinstance(system, list):
+        system = [
+            b
+            for b in system
+            if not (
+                isinstance(b, dict)
+                and isinstance(b.get("text"), str)
+                and drop_system_block(b["text"])
+            )
+        ]
     return _text_of(system)
 
 

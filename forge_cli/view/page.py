@@ -24,7 +24,7 @@ __all__ = ["page_file_name", "render_index", "render_rollout_page"]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool", "item"}
 _KINDS = {"continues", "spawns", "compacts"}
-_DRIFTS = {"CLEAN", "REALIGN", "FORK"}
+_DRIFTS = {"CLEAN", "REALIGN", "TRIM", "FORK"}
 
 
 def _asset(name: str) -> str:

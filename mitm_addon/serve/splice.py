@@ -15,6 +15,12 @@ conversation it continues:
 * ``REALIGN``: the same messages on a different surface (the harness dropped the
   reasoning, re-serialised tool arguments, trimmed whitespace): rendering them would give
   other tokens, so the stored ids are spliced instead, as for CLEAN.
+* ``TRIM``: the harness dropped context it had added to an earlier request only
+  (``pipeline.volatile``'s transient context: OpenClaw's internal-context message), so the
+  prompt extends no served call's prompt + completion, yet every assistant turn in it is a
+  completion the policy sampled in exactly this conversation (transient context aside).
+  The prompt is the messages as sent, with each of those completions spliced in as its
+  sampled ids; it is stored whole, and trains as a sequence of its own.
 * ``FORK``: the history was rewritten (compaction, an edited or removed message, a
   sub-agent, an assistant turn the policy did not write). The prompt is rendered whole,
   still splicing the longest remembered prefix when there is one.
@@ -33,7 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
+from pipeline.volatile import has_transient, without_transient
+
+CLEAN, REALIGN, TRIM, FORK = "CLEAN", "REALIGN", "TRIM", "FORK"
+DRIFTS = (CLEAN, REALIGN, TRIM, FORK)
 
 
 class Tokens(Protocol):
@@ -62,14 +71,19 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def message_key(message: dict[str, Any], strict: bool) -> str:
+def message_key(message: dict[str, Any], strict: bool, stable: bool = False) -> str | None:
     """What identifies a message for splicing. Strict: everything the template renders
     (text, reasoning, tool calls with their arguments as JSON values); loose: the same
     without reasoning and surrounding whitespace. Tool-call ids are not part of either:
-    the harness answers them, the template does not render them."""
+    the harness answers them, the template does not render them. Stable (with loose):
+    without transient context too; None for a message that holds nothing else."""
     content = message.get("content") or ""
     if not isinstance(content, str):
         content = json.dumps(content, sort_keys=True)
+    if stable and has_transient(content):
+        content = without_transient(content)
+        if not content and not message.get("tool_calls"):
+            return None
     calls = [
         [
             (c.get("function") or {}).get("name"),
@@ -85,16 +99,24 @@ def message_key(message: dict[str, Any], strict: bool) -> str:
 
 
 def chain_keys(
-    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], strict: bool
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    strict: bool,
+    stable: bool = False,
 ) -> list[str]:
-    """``keys[i]`` identifies the conversation's first i messages (with its tools)."""
+    """``keys[i]`` identifies the conversation's first i messages (with its tools); stable
+    keys leave transient context out (a message of nothing else does not move the key)."""
     h = hashlib.blake2b(
         json.dumps(list(tools), sort_keys=True).encode(), digest_size=16, person=b"forge-tools"
     )
     keys = [h.hexdigest()]
     for message in messages:
+        key = message_key(message, strict, stable)
+        if key is None:
+            keys.append(keys[-1])
+            continue
         h = hashlib.blake2b(keys[-1].encode(), digest_size=16)
-        h.update(message_key(message, strict).encode("utf-8"))
+        h.update(key.encode("utf-8"))
         keys.append(h.hexdigest())
     return keys
 
@@ -135,6 +157,7 @@ class SpliceStore:
         self.max_calls = max_calls
         self._strict: OrderedDict[str, ServedCall] = OrderedDict()
         self._loose: OrderedDict[str, ServedCall] = OrderedDict()
+        self._stable: OrderedDict[str, ServedCall] = OrderedDict()  # loose, transient left out
         self._histories: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -148,8 +171,10 @@ class SpliceStore:
         """Remember a served call; ``messages`` ends with the reply as the harness got it."""
         strict = chain_keys(messages, tools, strict=True)[-1]
         loose = chain_keys(messages, tools, strict=False)[-1]
+        stable = chain_keys(messages, tools, strict=False, stable=True)[-1]
+        tables = ((self._strict, strict), (self._loose, loose), (self._stable, stable))
         with self._lock:
-            for table, key in ((self._strict, strict), (self._loose, loose)):
+            for table, key in tables:
                 table[key] = call
                 table.move_to_end(key)
                 while len(table) > self.max_calls:
@@ -182,6 +207,46 @@ class SpliceStore:
                     return n, call, False
         return None
 
+    def completions(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+    ) -> list[tuple[int, ServedCall]] | None:
+        """(index, call) of each assistant message: the served call whose reply it is,
+        sampled in exactly the conversation before it (transient context aside); None
+        when one of them is not such a reply."""
+        stable = chain_keys(messages, tools, strict=False, stable=True)
+        found: list[tuple[int, ServedCall]] = []
+        with self._lock:
+            for i, message in enumerate(messages):
+                if message.get("role") != "assistant":
+                    continue
+                call = self._stable.get(stable[i + 1])
+                if call is None:
+                    return None
+                found.append((i, call))
+        return found
+
+
+def splice_all(
+    tokens: Tokens,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    spliced: list[tuple[int, ServedCall]],
+) -> list[int]:
+    """The prompt of ``messages`` rendered by the template, with each assistant message
+    at ``spliced``'s indices replaced by its call's completion ids."""
+    ids: list[int] = []
+    start, after_eos = 0, False
+    for n, (index, call) in enumerate(spliced):
+        segment = messages[start:index]
+        if n == 0:
+            ids += tokens.render(segment, tools)
+        else:
+            ids += tokens.render_continuation(segment, tools, after_eos)
+        ids += call.completion_ids
+        after_eos = bool(call.completion_ids) and tokens.ends_turn(call.completion_ids[-1])
+        start = index + 1
+    return ids + tokens.render_continuation(messages[start:], tools, after_eos)
+
 
 def plan_prompt(
     store: SpliceStore,
@@ -191,18 +256,29 @@ def plan_prompt(
 ) -> Plan:
     """The prompt ids of a call and its drift class (see the module docstring)."""
     found = store.find(messages, tools)
+    if found is not None:
+        n, parent, strict = found
+        rest = messages[n:]
+        if not any(m.get("role") == "assistant" for m in rest):
+            after_eos = bool(parent.completion_ids) and tokens.ends_turn(parent.completion_ids[-1])
+            delta = tokens.render_continuation(rest, tools, after_eos)
+            ids = parent.ids + delta
+            if not strict:
+                # Stored whole: the pipeline merges only CLEAN chains into one sequence.
+                return Plan(REALIGN, ids, None, ids)
+            return Plan(CLEAN, ids, parent.call_id, delta)
+    elif not any(m.get("role") == "assistant" for m in messages):
+        ids = tokens.render(messages, tools)
+        return Plan(CLEAN, ids, None, ids)  # a new conversation
+    spliced = store.completions(messages, tools)
+    if spliced and spliced[0][0] > 0:
+        ids = splice_all(tokens, messages, tools, spliced)
+        return Plan(TRIM, ids, None, ids)
     if found is None:
         ids = tokens.render(messages, tools)
-        has_turns = any(m.get("role") == "assistant" for m in messages)
-        return Plan(FORK if has_turns else CLEAN, ids, None, ids)
-    n, parent, strict = found
-    rest = messages[n:]
+        return Plan(FORK, ids, None, ids)
+    # Assistant turns the policy did not write after a remembered prefix: spliced up to it.
+    n, parent, _ = found
     after_eos = bool(parent.completion_ids) and tokens.ends_turn(parent.completion_ids[-1])
-    delta = tokens.render_continuation(rest, tools, after_eos)
-    ids = parent.ids + delta
-    if any(m.get("role") == "assistant" for m in rest):
-        return Plan(FORK, ids, None, ids)  # assistant turns the policy did not write
-    if not strict:
-        # Stored whole: the pipeline merges only CLEAN chains into one training sequence.
-        return Plan(REALIGN, ids, None, ids)
-    return Plan(CLEAN, ids, parent.call_id, delta)
+    ids = parent.ids + tokens.render_continuation(messages[n:], tools, after_eos)
+    return Plan(FORK, ids, None, ids)

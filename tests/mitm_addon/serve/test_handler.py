@@ -37,9 +37,11 @@ def served(tiny_models: tuple[Path, Path]) -> Iterator[tuple[Server, Any, list[l
 
 
 def anthropic_call(
-    server: Server, call_id: str, messages: list[Any]
+    server: Server, call_id: str, messages: list[Any], system: Any = None
 ) -> tuple[dict[str, Any], TokenRecord]:
     body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": messages, "tools": [TOOL]}
+    if system is not None:
+        body["system"] = system
     answer = server.answer(call_id, "POST", "/v1/messages", json.dumps(body).encode())
     assert answer.status == 200, answer.body
     assert answer.tokens is not None
@@ -168,3 +170,47 @@ def test_a_max_tokens_cap_shortens_replies_below_what_the_harness_asked(
         free = Server(policy.base_url, tiny_models[0])
         answer = free.answer("r3", "POST", "/v1/chat/completions", json.dumps(body).encode())
         assert answer.tokens is not None and len(answer.tokens.completion_ids) == 7
+
+
+def test_claude_codes_billing_header_changing_every_call_keeps_the_chain_clean(
+    served: tuple[Server, Any, list[list[int]]],
+) -> None:
+    """Claude Code's first system block carries a hash that changes on every request; it
+    is a request attribute for Anthropic's API, not prompt text (pipeline.volatile)."""
+    server, _, prompts = served
+    prompts.clear()
+    messages: list[Any] = [{"role": "user", "content": "list the files"}]
+    records: list[TokenRecord] = []
+    for n, cch in enumerate(["22b4f", "7899c", "156b8"]):
+        system = [
+            {
+                "type": "text",
+                "text": f"x-anthropic-billing-header: cc_version=2.1.332.4a9; "
+                f"cc_entrypoint=sdk-cli; cch={cch}; cc_turn_index={n};",
+            },
+            {
+                "type": "text",
+                "text": "You are a Claude agent.",
+                "cache_control": {"type": "ephemeral"},
+            },
+        ]
+        reply, tokens = anthropic_call(server, f"b{n}", messages, system)
+        records.append(tokens)
+        uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+        messages.append({"role": "assistant", "content": reply["content"]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": u["id"], "content": "a.txt"}
+                    for u in uses
+                ],
+            }
+        )
+    assert [(r.drift, r.prompt_parent_call_id) for r in records] == [
+        ("CLEAN", None),
+        ("CLEAN", "b0"),
+        ("CLEAN", "b1"),
+    ]
+    text = server.renderer.tokenizer.decode(prompts[-1])
+    assert "You are a Claude agent." in text and "billing" not in text

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from mitm_addon.serve.completion import parse_hermes
 from mitm_addon.serve.renderer import Renderer
 from mitm_addon.serve.replies import Reply, reply_message
-from mitm_addon.serve.splice import CLEAN, FORK, REALIGN, ServedCall, SpliceStore, plan_prompt
+from mitm_addon.serve.splice import (
+    CLEAN,
+    FORK,
+    REALIGN,
+    TRIM,
+    ServedCall,
+    SpliceStore,
+    plan_prompt,
+)
 from rl.tiny_model import qwen3_tokenizer_dir
 
 TOOLS = [
@@ -150,3 +158,71 @@ def test_a_reply_sent_back_without_its_reasoning_is_realigned_to_the_sampled_ids
     )
     # Rendering the echoed history instead would have lost the reasoning's tokens.
     assert renderer.render(messages, TOOLS)[: len(plan.prompt_ids)] != plan.prompt_ids
+
+
+def internal_context(n: int) -> dict[str, Any]:
+    """OpenClaw's transient message: sent with one request, dropped from the next."""
+    return {
+        "role": "user",
+        "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\n"
+        f"active exec sessions: {n}\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
+    }
+
+
+def runs_in_order(haystack: list[int], needles: list[list[int]]) -> bool:
+    """Does ``haystack`` hold each needle as a contiguous run, in this order?"""
+    start = 0
+    for needle in needles:
+        for i in range(start, len(haystack) - len(needle) + 1):
+            if haystack[i : i + len(needle)] == needle:
+                start = i + len(needle)
+                break
+        else:
+            return False
+    return True
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=turns)
+def test_dropped_transient_context_still_splices_every_earlier_completion(
+    renderer: Renderer, script: list[tuple[list[int], bool, bool]]
+) -> None:
+    store = SpliceStore()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "list the files"},
+    ]
+    completions: list[list[int]] = []
+    for n, (ids, tool, ends) in enumerate(script):
+        completion = ids + (renderer.encode(TOOL_CALL) if tool else []) + ([EOS] if ends else [])
+        plan, reply = serve_turn(
+            store, renderer, f"c{n}", [*messages, internal_context(n)], completion
+        )
+        assert plan.drift == (CLEAN if n == 0 else TRIM)
+        assert plan.parent_call_id is None and plan.stored_ids == plan.prompt_ids
+        # The messages as the harness sent them, earlier completions as sampled.
+        head = renderer.render_full(messages[:2], TOOLS)
+        assert plan.prompt_ids[: len(head)] == head
+        assert runs_in_order(plan.prompt_ids, completions)
+        text = renderer.tokenizer.decode(plan.prompt_ids)
+        assert f"active exec sessions: {n}\n" in text
+        assert all(f"active exec sessions: {k}\n" not in text for k in range(n))
+        completions.append(completion)
+        continue_conversation(messages, reply)  # the next request drops the context
+
+
+def test_a_rewritten_history_with_transient_context_is_still_a_fork(renderer: Renderer) -> None:
+    store = SpliceStore()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
+    for n in range(2):
+        completion = renderer.encode(TOOL_CALL) + [EOS]
+        _, reply = serve_turn(
+            store, renderer, f"c{n}", [*messages, internal_context(n)], completion
+        )
+        continue_conversation(messages, reply)
+    rewritten = [dict(m) for m in messages]
+    rewritten[2]["content"] = "a different result"
+    plan = plan_prompt(store, renderer, [*rewritten, internal_context(2)], TOOLS)
+    assert plan.drift == FORK

@@ -1,0 +1,268 @@
+"""What serve mode adds to a call, how soon a streamed reply starts, and how many of each
+harness's continuations are spliced (CLEAN or REALIGN) rather than re-rendered.
+
+    python -m bench.bench_serve                  # every figure (a few minutes on 2 cores)
+    python -m bench.bench_serve --skip-harnesses # without running the harness CLIs
+
+* ``serve.added_ms_12k`` / ``serve.added_ms_6k``: the median time serve mode spends on a
+  CLEAN call besides the policy's own ``/v1/completions`` call (render the new messages,
+  splice, decode and parse the completion, build the API reply, remember the call), at a
+  Claude Code-shaped conversation of about 12k prompt tokens (Anthropic Messages) and a
+  Codex-shaped one of about 6k (Responses). The baseline is the same policy call made
+  directly with the same ids, timed inside the same run. The conversations are grown
+  turn by turn by the scripted policy and ``bench.synth``'s system prompts and tools.
+  ``serve.added_ms_24k`` repeats the first at twice the history: work proportional to
+  the new messages keeps it flat.
+* ``serve.ttft_ms``: the median time to the first SSE event of a streamed Anthropic
+  call through a real mitmdump in serve mode (the Anthropic SDK as client).
+* ``serve.clean_rate.<harness>``: the share of continuations (calls after an agent's
+  first) that are CLEAN or REALIGN when the harness runs unmodified under
+  ``forge record --mode serve`` (``tests/support/serve_runs.py``, as the drift tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.synth import build_world
+
+GOAL_ADDED_MS = 5.0
+MEASURED_CALLS = 12
+
+
+def _tiny_models(root: Path) -> tuple[Path, Path]:
+    from tests.support.policy import build_models
+
+    return build_models(root)
+
+
+class _Timed:
+    """Wraps the serve handler's policy client: the time of each policy call."""
+
+    def __init__(self, complete: Callable[..., Any]) -> None:
+        self.complete, self.last_s = complete, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.complete(*args, **kwargs)
+        finally:
+            self.last_s = time.perf_counter() - start
+
+
+def _claude_body(world: Any, messages: list[Any]) -> dict[str, Any]:
+    billing = {
+        "type": "text",
+        "text": f"x-anthropic-billing-header: cc_version=2.1.332.4a9; cch={len(messages):05x};",
+    }
+    return {
+        "model": "claude-opus-5-5",
+        "max_tokens": 64,
+        "stream": True,
+        "system": [billing, *world.cc_system],
+        "tools": world.cc_tools,
+        "messages": messages,
+    }
+
+
+def _codex_body(world: Any, items: list[Any]) -> dict[str, Any]:
+    return {
+        "model": "gpt-5.5",
+        "stream": True,
+        "max_output_tokens": 64,
+        "tools": world.codex_tools,
+        "input": [*world.codex_developer, *items],
+    }
+
+
+def added_ms(
+    policy_url: str, tokenizer: Path, api: str, target_tokens: int, seed: int
+) -> dict[str, float]:
+    """Median added ms of CLEAN calls once the prompt reaches ``target_tokens``, and at
+    twice that."""
+    from mitm_addon.serve.handler import Server
+
+    world = build_world(seed)
+    server = Server(policy_url, tokenizer)
+    timed = _Timed(server.client.complete)
+    server.client.complete = timed  # type: ignore[method-assign]
+    result = "file contents: " + " ".join(f"line{i}" for i in range(120))
+    anthropic = api == "anthropic_messages"
+    turns: list[Any] = [{"role": "user", "content": "fix the failing test"}]
+    samples: dict[int, list[float]] = {target_tokens: [], 2 * target_tokens: []}
+    n = 0
+    while len(samples[2 * target_tokens]) < MEASURED_CALLS:
+        body = _claude_body(world, turns) if anthropic else _codex_body(world, turns)
+        path = "/v1/messages" if anthropic else "/v1/responses"
+        start = time.perf_counter()
+        answer = server.answer(f"c{n}", "POST", path, json.dumps(body).encode())
+        total = time.perf_counter() - start
+        if answer.status != 200 or answer.tokens is None:
+            raise SystemExit(f"bench_serve: call {n} failed: {answer.body[:300]!r}")
+        tokens = answer.tokens
+        if n and tokens.drift != "CLEAN":
+            raise SystemExit(f"bench_serve: call {n} is {tokens.drift}, not CLEAN")
+        for size, got in samples.items():
+            if size <= tokens.prompt_tokens and len(got) < MEASURED_CALLS:
+                got.append((total - timed.last_s) * 1000)
+                break
+        turns += _next_turn(answer, anthropic, result, n)
+        n += 1
+    return {
+        "prompt_tokens": float(tokens.prompt_tokens),
+        "added_ms": statistics.median(samples[target_tokens]),
+        "added_ms_2x": statistics.median(samples[2 * target_tokens]),
+        "calls": float(n),
+    }
+
+
+def _next_turn(answer: Any, anthropic: bool, result: str, n: int) -> list[Any]:
+    """The reply as the harness sends it back, and a tool result for each tool call."""
+    events = [
+        json.loads(line[5:])
+        for line in answer.body.decode().splitlines()
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]")
+    ]
+    if anthropic:
+        blocks: list[dict[str, Any]] = []
+        for e in events:
+            if e.get("type") == "content_block_start":
+                blocks.append(dict(e["content_block"]))
+            elif e.get("type") == "content_block_delta":
+                d = e["delta"]
+                if d.get("type") == "input_json_delta":
+                    blocks[-1]["_json"] = blocks[-1].get("_json", "") + d["partial_json"]
+                elif d.get("type") == "text_delta":
+                    blocks[-1]["text"] = blocks[-1].get("text", "") + d["text"]
+        for b in blocks:
+            if "_json" in b:
+                b["input"] = json.loads(b.pop("_json") or "{}")
+        uses = [b for b in blocks if b["type"] == "tool_use"]
+        results_ = [
+            {"type": "tool_result", "tool_use_id": u["id"], "content": f"{result} #{n}"}
+            for u in uses
+        ]
+        return [{"role": "assistant", "content": blocks}, {"role": "user", "content": results_}]
+    done = next(e for e in events if e.get("type") == "response.completed")
+    output = done["response"]["output"]
+    outs = [
+        {"type": "function_call_output", "call_id": o["call_id"], "output": f"{result} #{n}"}
+        for o in output
+        if o["type"] == "function_call"
+    ]
+    return [*output, *outs]
+
+
+def ttft_ms(policy_url: str, tokenizer: Path, work: Path, calls: int = 20) -> float:
+    """Median time to the first SSE event of a streamed call, through mitmdump."""
+    from tests.e2e.test_serve_sdks import serve_settings
+    from tests.support.forge_proxy import anthropic_client, forge_proxy
+
+    firsts: list[float] = []
+    with forge_proxy(
+        work / "ttft", work / "confdir", {}, extra=serve_settings(policy_url, tokenizer)
+    ) as proxy, anthropic_client(proxy) as client:
+        for _ in range(calls + 1):  # the first opens the connection: not counted
+            start = time.perf_counter()
+            with client.messages.stream(
+                model="claude-sonnet-4-5",
+                max_tokens=64,
+                messages=[{"role": "user", "content": "list the files"}],
+            ) as stream:
+                for _event in stream:
+                    firsts.append((time.perf_counter() - start) * 1000)
+                    break
+                stream.until_done()
+    return statistics.median(firsts[1:])
+
+
+def clean_rates(random_model: Path, work: Path) -> dict[str, float]:
+    """serve.clean_rate.<harness>: CLEAN or REALIGN continuations / all continuations."""
+    from tests.support import serve_runs
+
+    rates: dict[str, float] = {}
+    for name, run in serve_runs.HARNESS_RUNS.items():
+        unavailable = run.unavailable()
+        if unavailable:
+            print(f"-- {name}: skipped ({unavailable})", flush=True)
+            continue
+        print(f"-- {name}: serving {run.turns} turns", flush=True)
+        calls = run.serve(random_model, work / name)
+        agents: dict[str, list[dict[str, Any]]] = {}
+        for c in calls:
+            agents.setdefault(c["agent_key"] or "", []).append(c)
+        continuations = [c for group in agents.values() for c in group[1:]]
+        spliced = [c for c in continuations if c["drift"] in ("CLEAN", "REALIGN")]
+        rates[name] = len(spliced) / len(continuations) if continuations else float("nan")
+        print(f"   {len(spliced)} of {len(continuations)} continuations spliced", flush=True)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.bench_serve", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-harnesses", action="store_true")
+    parser.add_argument(
+        "--results", type=Path, default=results.BENCH_DIR, help="folder of results.json/.md"
+    )
+    args = parser.parse_args(argv)
+    from tests.support.policy import policy_server
+
+    figures: dict[str, float | None] = {}
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="forge-bench-serve-") as tmp:
+        work = Path(tmp)
+        random_model, scripted = _tiny_models(work / "models")
+        with policy_server(scripted) as policy:
+            for api, target, key in (
+                ("anthropic_messages", 12_000, "12k"),
+                ("openai_responses", 6_000, "6k"),
+            ):
+                print(f"-- {api}: growing a conversation to {target} tokens", flush=True)
+                got = added_ms(policy.base_url, scripted, api, target, args.seed)
+                print(
+                    f"   added {got['added_ms']:.2f} ms per CLEAN call at {target} tokens, "
+                    f"{got['added_ms_2x']:.2f} ms at {2 * target} ({int(got['calls'])} calls)",
+                    flush=True,
+                )
+                figures[f"serve.added_ms_{key}"] = round(got["added_ms"], 3)
+                if key == "12k":
+                    figures["serve.added_ms_24k"] = round(got["added_ms_2x"], 3)
+            figures["serve.ttft_ms"] = round(ttft_ms(policy.base_url, scripted, work), 3)
+            print(f"-- ttft through mitmdump: {figures['serve.ttft_ms']:.2f} ms", flush=True)
+        if not args.skip_harnesses:
+            for name, rate in clean_rates(random_model, work).items():
+                figures[f"serve.clean_rate.{name}"] = round(rate, 4)
+    for key, value in figures.items():
+        print(f"{key} = {value}")
+    goal = figures["serve.added_ms_12k"]
+    print(
+        f"serve mode adds {goal:.2f} ms per CLEAN call at 12k tokens "
+        f"(goal <= {GOAL_ADDED_MS:g} ms: {'met' if goal is not None and goal <= GOAL_ADDED_MS else 'MISSED'})"
+    )
+    table = "\n".join(f"| `{k}` | {v} |" for k, v in figures.items())
+    results.record(
+        "serve",
+        figures,
+        "| figure | value |\n| --- | ---: |\n" + table,
+        details={"seconds": round(time.monotonic() - began, 1)},
+        command=results.command_line("bench.bench_serve", argv),
+        json_path=args.results / "results.json",
+        md_path=args.results / "results.md",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
