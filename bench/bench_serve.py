@@ -99,6 +99,7 @@ def added_ms(
     anthropic = api == "anthropic_messages"
     turns: list[Any] = [{"role": "user", "content": "fix the failing test"}]
     samples: dict[int, list[float]] = {target_tokens: [], 2 * target_tokens: []}
+    sizes: dict[int, list[int]] = {target_tokens: [], 2 * target_tokens: []}
     n = 0
     while len(samples[2 * target_tokens]) < MEASURED_CALLS:
         body = _claude_body(world, turns) if anthropic else _codex_body(world, turns)
@@ -114,11 +115,13 @@ def added_ms(
         for size, got in samples.items():
             if size <= tokens.prompt_tokens and len(got) < MEASURED_CALLS:
                 got.append((total - timed.last_s) * 1000)
+                sizes[size].append(tokens.prompt_tokens)
                 break
         turns += _next_turn(answer, anthropic, result, n)
         n += 1
     return {
-        "prompt_tokens": float(tokens.prompt_tokens),
+        "prompt_tokens": float(statistics.median(sizes[target_tokens])),
+        "prompt_tokens_2x": float(statistics.median(sizes[2 * target_tokens])),
         "added_ms": statistics.median(samples[target_tokens]),
         "added_ms_2x": statistics.median(samples[2 * target_tokens]),
         "calls": float(n),
@@ -143,6 +146,10 @@ def _next_turn(answer: Any, anthropic: bool, result: str, n: int) -> list[Any]:
                     blocks[-1]["_json"] = blocks[-1].get("_json", "") + d["partial_json"]
                 elif d.get("type") == "text_delta":
                     blocks[-1]["text"] = blocks[-1].get("text", "") + d["text"]
+                elif d.get("type") == "thinking_delta":
+                    blocks[-1]["thinking"] = blocks[-1].get("thinking", "") + d["thinking"]
+                elif d.get("type") == "signature_delta":
+                    blocks[-1]["signature"] = d["signature"]
         for b in blocks:
             if "_json" in b:
                 b["input"] = json.loads(b.pop("_json") or "{}")
@@ -186,25 +193,24 @@ def ttft_ms(policy_url: str, tokenizer: Path, work: Path, calls: int = 20) -> fl
 
 
 def clean_rates(random_model: Path, work: Path) -> dict[str, float]:
-    """serve.clean_rate.<harness>: CLEAN or REALIGN continuations / all continuations."""
+    """serve.clean_rate.<harness>: CLEAN or REALIGN continuations / all continuations;
+    serve.spliced_rate.<harness>: the same with TRIM (every completion spliced) too."""
     from tests.support import serve_runs
 
-    rates: dict[str, float] = {}
+    figures: dict[str, float] = {}
     for name, run in serve_runs.HARNESS_RUNS.items():
         unavailable = run.unavailable()
         if unavailable:
-            print(f"-- {name}: skipped ({unavailable})", flush=True)
-            continue
-        print(f"-- {name}: serving {run.turns} turns", flush=True)
-        calls = run.serve(random_model, work / name)
-        agents: dict[str, list[dict[str, Any]]] = {}
-        for c in calls:
-            agents.setdefault(c["agent_key"] or "", []).append(c)
-        continuations = [c for group in agents.values() for c in group[1:]]
-        spliced = [c for c in continuations if c["drift"] in ("CLEAN", "REALIGN")]
-        rates[name] = len(spliced) / len(continuations) if continuations else float("nan")
-        print(f"   {len(spliced)} of {len(continuations)} continuations spliced", flush=True)
-    return rates
+            raise SystemExit(f"bench_serve: {name} cannot run: {unavailable}")
+        print(f"-- {name}: serving {serve_runs.TURNS} tool turns", flush=True)
+        calls = run.serve(random_model, work / name, work / "confdir").calls
+        continuations = [c["drift"] for c in calls[1:]]  # one agent per run
+        clean = sum(d in ("CLEAN", "REALIGN") for d in continuations)
+        spliced = clean + sum(d == "TRIM" for d in continuations)
+        print(f"   drift of each call: {' '.join(c['drift'] for c in calls)}", flush=True)
+        figures[f"serve.clean_rate.{name}"] = round(clean / len(continuations), 4)
+        figures[f"serve.spliced_rate.{name}"] = round(spliced / len(continuations), 4)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"-- {api}: growing a conversation to {target} tokens", flush=True)
                 got = added_ms(policy.base_url, scripted, api, target, args.seed)
                 print(
-                    f"   added {got['added_ms']:.2f} ms per CLEAN call at {target} tokens, "
-                    f"{got['added_ms_2x']:.2f} ms at {2 * target} ({int(got['calls'])} calls)",
+                    f"   added {got['added_ms']:.2f} ms per CLEAN call at "
+                    f"{got['prompt_tokens']:.0f} prompt tokens (median), {got['added_ms_2x']:.2f}"
+                    f" ms at {got['prompt_tokens_2x']:.0f} ({int(got['calls'])} calls)",
                     flush=True,
                 )
                 figures[f"serve.added_ms_{key}"] = round(got["added_ms"], 3)
@@ -242,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["serve.ttft_ms"] = round(ttft_ms(policy.base_url, scripted, work), 3)
             print(f"-- ttft through mitmdump: {figures['serve.ttft_ms']:.2f} ms", flush=True)
         if not args.skip_harnesses:
-            for name, rate in clean_rates(random_model, work).items():
-                figures[f"serve.clean_rate.{name}"] = round(rate, 4)
+            figures.update(clean_rates(random_model, work))
     for key, value in figures.items():
         print(f"{key} = {value}")
     goal = figures["serve.added_ms_12k"]

@@ -173,6 +173,7 @@ class Server:
             conv.tools,
             ServedCall(call_id, array("i", plan.prompt_ids), array("i", out.token_ids)),
             response_id,
+            plan.keys,
         )
         tokens = TokenRecord(
             policy_version=out.policy_version,

@@ -71,15 +71,18 @@ def _arguments(value: Any) -> Any:
     return value
 
 
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+
+
 def message_key(message: dict[str, Any], strict: bool, stable: bool = False) -> str | None:
     """What identifies a message for splicing. Strict: everything the template renders
     (text, reasoning, tool calls with their arguments as JSON values); loose: the same
     without reasoning and surrounding whitespace. Tool-call ids are not part of either:
     the harness answers them, the template does not render them. Stable (with loose):
     without transient context too; None for a message that holds nothing else."""
-    content = message.get("content") or ""
-    if not isinstance(content, str):
-        content = json.dumps(content, sort_keys=True)
+    content = _content(message)
     if stable and has_transient(content):
         content = without_transient(content)
         if not content and not message.get("tool_calls"):
@@ -98,6 +101,14 @@ def message_key(message: dict[str, Any], strict: bool, stable: bool = False) -> 
     return json.dumps(key, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+def _step(previous: str, key: str | None) -> str:
+    if key is None:  # a message of transient context only: the stable key does not move
+        return previous
+    h = hashlib.blake2b(previous.encode(), digest_size=16)
+    h.update(key.encode("utf-8"))
+    return h.hexdigest()
+
+
 def chain_keys(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]],
@@ -111,14 +122,36 @@ def chain_keys(
     )
     keys = [h.hexdigest()]
     for message in messages:
-        key = message_key(message, strict, stable)
-        if key is None:
-            keys.append(keys[-1])
-            continue
-        h = hashlib.blake2b(keys[-1].encode(), digest_size=16)
-        h.update(key.encode("utf-8"))
-        keys.append(h.hexdigest())
+        keys.append(_step(keys[-1], message_key(message, strict, stable)))
     return keys
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A conversation's three key chains, worked out once per call: strict, loose, and
+    stable (loose without transient context: the loose chain itself when it holds none)."""
+
+    strict: list[str]
+    loose: list[str]
+    stable: list[str]
+
+    @classmethod
+    def of(cls, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> Keys:
+        loose = chain_keys(messages, tools, strict=False)
+        transient = any(has_transient(_content(m)) for m in messages)
+        return cls(
+            chain_keys(messages, tools, strict=True),
+            loose,
+            chain_keys(messages, tools, strict=False, stable=True) if transient else loose,
+        )
+
+    def then(self, message: dict[str, Any]) -> tuple[str, str, str]:
+        """The (strict, loose, stable) keys of the conversation followed by ``message``."""
+        return (
+            _step(self.strict[-1], message_key(message, strict=True)),
+            _step(self.loose[-1], message_key(message, strict=False)),
+            _step(self.stable[-1], message_key(message, strict=False, stable=True)),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,6 +181,7 @@ class Plan:
     prompt_ids: list[int]
     parent_call_id: str | None
     stored_ids: list[int]
+    keys: Keys | None = None  # the request's key chains, for SpliceStore.add
 
 
 class SpliceStore:
@@ -167,11 +201,13 @@ class SpliceStore:
         tools: list[dict[str, Any]],
         call: ServedCall,
         response_id: str | None = None,
+        keys: Keys | None = None,
     ) -> None:
-        """Remember a served call; ``messages`` ends with the reply as the harness got it."""
-        strict = chain_keys(messages, tools, strict=True)[-1]
-        loose = chain_keys(messages, tools, strict=False)[-1]
-        stable = chain_keys(messages, tools, strict=False, stable=True)[-1]
+        """Remember a served call; ``messages`` ends with the reply as the harness got it.
+        ``keys``: those of ``messages`` without the reply (the plan's), if worked out."""
+        if keys is None:
+            keys = Keys.of(messages[:-1], tools)
+        strict, loose, stable = keys.then(messages[-1])
         tables = ((self._strict, strict), (self._loose, loose), (self._stable, stable))
         with self._lock:
             for table, key in tables:
@@ -191,12 +227,11 @@ class SpliceStore:
             return [dict(m) for m in found] if found is not None else None
 
     def find(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+        self, messages: Sequence[dict[str, Any]], keys: Keys
     ) -> tuple[int, ServedCall, bool] | None:
         """(prefix length, call, strict) of the longest remembered conversation that
         ``messages`` continue; at equal length an exact (strict) match wins."""
-        strict = chain_keys(messages, tools, strict=True)
-        loose = chain_keys(messages, tools, strict=False)
+        strict, loose = keys.strict, keys.loose
         with self._lock:
             for n in range(len(messages), 0, -1):
                 if messages[n - 1].get("role") != "assistant":
@@ -208,12 +243,12 @@ class SpliceStore:
         return None
 
     def completions(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+        self, messages: Sequence[dict[str, Any]], keys: Keys
     ) -> list[tuple[int, ServedCall]] | None:
         """(index, call) of each assistant message: the served call whose reply it is,
         sampled in exactly the conversation before it (transient context aside); None
         when one of them is not such a reply."""
-        stable = chain_keys(messages, tools, strict=False, stable=True)
+        stable = keys.stable
         found: list[tuple[int, ServedCall]] = []
         with self._lock:
             for i, message in enumerate(messages):
@@ -255,7 +290,18 @@ def plan_prompt(
     tools: list[dict[str, Any]],
 ) -> Plan:
     """The prompt ids of a call and its drift class (see the module docstring)."""
-    found = store.find(messages, tools)
+    plan = _plan(store, tokens, messages, tools, keys := Keys.of(messages, tools))
+    return Plan(plan.drift, plan.prompt_ids, plan.parent_call_id, plan.stored_ids, keys)
+
+
+def _plan(
+    store: SpliceStore,
+    tokens: Tokens,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    keys: Keys,
+) -> Plan:
+    found = store.find(messages, keys)
     if found is not None:
         n, parent, strict = found
         rest = messages[n:]
@@ -270,7 +316,7 @@ def plan_prompt(
     elif not any(m.get("role") == "assistant" for m in messages):
         ids = tokens.render(messages, tools)
         return Plan(CLEAN, ids, None, ids)  # a new conversation
-    spliced = store.completions(messages, tools)
+    spliced = store.completions(messages, keys)
     if spliced and spliced[0][0] > 0:
         ids = splice_all(tokens, messages, tools, spliced)
         return Plan(TRIM, ids, None, ids)
