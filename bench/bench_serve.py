@@ -8,8 +8,8 @@ harness's continuations are spliced (CLEAN or REALIGN) rather than re-rendered.
   CLEAN call besides the policy's own ``/v1/completions`` call (render the new messages,
   splice, decode and parse the completion, build the API reply, remember the call), at a
   Claude Code-shaped conversation of about 12k prompt tokens (Anthropic Messages) and a
-  Codex-shaped one of about 6k (Responses). The baseline is the same policy call made
-  directly with the same ids, timed inside the same run. The conversations are grown
+  Codex-shaped one of about 6k (Responses): the handler's whole answer minus its own call
+  to the policy server (the same ids a direct call would send), timed in the same call. The conversations are grown
   turn by turn by the scripted policy and ``bench.synth``'s system prompts and tools.
   ``serve.added_ms_24k`` repeats the first at twice the history: work proportional to
   the new messages keeps it flat.
@@ -37,12 +37,6 @@ from bench.synth import build_world
 
 GOAL_ADDED_MS = 5.0
 MEASURED_CALLS = 12
-
-
-def _tiny_models(root: Path) -> tuple[Path, Path]:
-    from tests.support.policy import build_models
-
-    return build_models(root)
 
 
 class _Timed:
@@ -171,13 +165,16 @@ def _next_turn(answer: Any, anthropic: bool, result: str, n: int) -> list[Any]:
 
 def ttft_ms(policy_url: str, tokenizer: Path, work: Path, calls: int = 20) -> float:
     """Median time to the first SSE event of a streamed call, through mitmdump."""
-    from tests.e2e.test_serve_sdks import serve_settings
     from tests.support.forge_proxy import anthropic_client, forge_proxy
+    from tests.support.serve_runs import serve_settings
 
     firsts: list[float] = []
-    with forge_proxy(
-        work / "ttft", work / "confdir", {}, extra=serve_settings(policy_url, tokenizer)
-    ) as proxy, anthropic_client(proxy) as client:
+    with (
+        forge_proxy(
+            work / "ttft", work / "confdir", {}, extra=serve_settings(policy_url, tokenizer)
+        ) as proxy,
+        anthropic_client(proxy) as client,
+    ):
         for _ in range(calls + 1):  # the first opens the connection: not counted
             start = time.perf_counter()
             with client.messages.stream(
@@ -223,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=results.BENCH_DIR, help="folder of results.json/.md"
     )
     args = parser.parse_args(argv)
-    from tests.support.policy import policy_server
+    from tests.support.policy import build_models, policy_server
 
     figures: dict[str, float | None] = {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="forge-bench-serve-") as tmp:
         work = Path(tmp)
-        random_model, scripted = _tiny_models(work / "models")
+        random_model, scripted = build_models(work / "models")
         with policy_server(scripted) as policy:
             for api, target, key in (
                 ("anthropic_messages", 12_000, "12k"),

@@ -21,6 +21,7 @@ from bench import (
     bench_pipeline,
     bench_proxy,
     bench_rollouts,
+    bench_serve,
     bench_storage,
     bench_train,
     results,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
         "--repeat",
         str(a.repeat),
     ],
+    "serve": lambda a: ["--skip-harnesses"] if a.quick else [],
     # one thread: on 2 shared cores two threads make single steps vary 3x
     "train": lambda a: ["--threads", "1", *(["--rounds", "3"] if a.quick else [])],
 }
@@ -51,6 +53,7 @@ _MAINS: dict[str, Callable[[list[str]], int]] = {
     "storage": bench_storage.main,
     "pipeline": bench_pipeline.main,
     "rollouts": bench_rollouts.main,
+    "serve": bench_serve.main,
     "train": bench_train.main,
 }
 

@@ -52,7 +52,7 @@ installed_ok() {
   done < <(pinned)
   # The native binaries must run (claude's postinstall replaces a 500-byte placeholder).
   timeout 60 "$DIR/node_modules/.bin/claude" --version >/dev/null 2>&1 || return 1
-  timeout 60 "$DIR/node_modules/.bin/opencode" --version >/dev/null 2>&1 || return 1
+  timeout 60 "$DIR/node_modules/opencode-linux-x64/bin/opencode" --version >/dev/null 2>&1 || return 1
   HOME=$CODEX_TMP_HOME PATH="$NODE24_BIN:$PATH" timeout 60 "$DIR/node_modules/.bin/openclaw" --version \
     >/dev/null 2>&1 \
     || return 1
@@ -97,6 +97,6 @@ end=$(date +%s)
 echo "harnesses installed in $((end - start)) s: $(pinned | tr '\n' ' ')"
 echo "  claude: $("$DIR/node_modules/.bin/claude" --version)"
 echo "  codex:  $(CODEX_HOME=$CODEX_TMP_HOME "$DIR/node_modules/.bin/codex" --version 2>/dev/null)"
-echo "  opencode: $("$DIR/node_modules/.bin/opencode" --version 2>/dev/null)"
+echo "  opencode: $("$DIR/node_modules/opencode-linux-x64/bin/opencode" --version 2>/dev/null)"
 echo "  openclaw: $(HOME=$CODEX_TMP_HOME PATH="$NODE24_BIN:$PATH" "$DIR/node_modules/.bin/openclaw" --version 2>/dev/null)"
 du -sh "$DIR/node_modules" 2>/dev/null | sed 's/^/  size: /'

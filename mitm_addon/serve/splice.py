@@ -30,6 +30,7 @@ Pure apart from the ``Tokens`` it is given; ``SpliceStore`` is a bounded, thread
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -42,7 +43,6 @@ from typing import Any, Protocol
 from pipeline.volatile import has_transient, without_transient
 
 CLEAN, REALIGN, TRIM, FORK = "CLEAN", "REALIGN", "TRIM", "FORK"
-DRIFTS = (CLEAN, REALIGN, TRIM, FORK)
 
 
 class Tokens(Protocol):
@@ -290,8 +290,8 @@ def plan_prompt(
     tools: list[dict[str, Any]],
 ) -> Plan:
     """The prompt ids of a call and its drift class (see the module docstring)."""
-    plan = _plan(store, tokens, messages, tools, keys := Keys.of(messages, tools))
-    return Plan(plan.drift, plan.prompt_ids, plan.parent_call_id, plan.stored_ids, keys)
+    keys = Keys.of(messages, tools)
+    return dataclasses.replace(_plan(store, tokens, messages, tools, keys), keys=keys)
 
 
 def _plan(

@@ -26,17 +26,9 @@ from tests.support.forge_proxy import (
     openai_client,
 )
 from tests.support.policy import policy_server
+from tests.support.serve_runs import serve_settings
 
 pytestmark = pytest.mark.slow  # a tiny model sampled on two shared cores: seconds per call
-
-
-def serve_settings(policy_url: str, tokenizer: Path, models: str = "all") -> list[str]:
-    return [
-        "forge_mode=serve",
-        f"forge_policy={policy_url}",
-        f"forge_tokenizer={tokenizer}",
-        f"forge_serve_models={models}",
-    ]
 
 
 @pytest.fixture(scope="module")

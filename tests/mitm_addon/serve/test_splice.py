@@ -25,6 +25,7 @@ from mitm_addon.serve.splice import (
     plan_prompt,
 )
 from rl.tiny_model import qwen3_tokenizer_dir
+from tests.support.serve_runs import runs_in_order
 
 TOOLS = [
     {
@@ -167,19 +168,6 @@ def internal_context(n: int) -> dict[str, Any]:
         "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\n"
         f"active exec sessions: {n}\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>",
     }
-
-
-def runs_in_order(haystack: list[int], needles: list[list[int]]) -> bool:
-    """Does ``haystack`` hold each needle as a contiguous run, in this order?"""
-    start = 0
-    for needle in needles:
-        for i in range(start, len(haystack) - len(needle) + 1):
-            if haystack[i : i + len(needle)] == needle:
-                start = i + len(needle)
-                break
-        else:
-            return False
-    return True
 
 
 @settings(
