@@ -13,8 +13,11 @@ harness's continuations are spliced (CLEAN or REALIGN) rather than re-rendered.
   turn by turn by the scripted policy and ``bench.synth``'s system prompts and tools.
   ``serve.added_ms_24k`` repeats the first at twice the history: work proportional to
   the new messages keeps it flat.
-* ``serve.ttft_ms``: the median time to the first SSE event of a streamed Anthropic
-  call through a real mitmdump in serve mode (the Anthropic SDK as client).
+* ``serve.ttft_ms``: the median time to the first text delta of a streamed Anthropic
+  call through a real mitmdump in serve mode (the Anthropic SDK as client), the policy
+  scripted to answer 13 tokens of words; ``serve.reply_ms`` the time to the end of that
+  reply, and ``serve.ttft_direct_ms`` the time to the first token of the same prompt
+  streamed from the policy server directly (the baseline, run alternately).
 * ``serve.clean_rate.<harness>``: the share of continuations (calls after an agent's
   first) that are CLEAN or REALIGN when the harness runs unmodified under
   ``forge record --mode serve`` (``tests/support/serve_runs.py``, as the drift tests).
@@ -163,30 +166,76 @@ def _next_turn(answer: Any, anthropic: bool, result: str, n: int) -> list[Any]:
     return [*output, *outs]
 
 
-def ttft_ms(policy_url: str, tokenizer: Path, work: Path, calls: int = 20) -> float:
-    """Median time to the first SSE event of a streamed call, through mitmdump."""
+TALK = "Hello there, my good friend! How are you doing today?"
+
+
+def ttft_ms(random_model: Path, work: Path, calls: int = 20) -> dict[str, float]:
+    """Medians over ``calls`` streamed Anthropic calls through mitmdump in serve mode,
+    answered by a policy scripted to answer in words (``TALK``): the time to the first
+    text delta (``serve.ttft_ms``) and to the end of the reply (``serve.reply_ms``);
+    and, side by side, the time to the first token of the same prompt asked of the
+    policy server directly (``serve.ttft_direct_ms``)."""
+    import shutil
+    import urllib.request
+
+    from mitm_addon.serve.renderer import Renderer
+    from rl.tiny_model import script_reply
     from tests.support.forge_proxy import anthropic_client, forge_proxy
+    from tests.support.policy import policy_server
     from tests.support.serve_runs import serve_settings
 
+    talking = work / "talking"
+    shutil.copytree(random_model, talking)
+    script_reply(talking, TALK)
+    messages = [{"role": "user", "content": "list the files"}]
+    prompt = Renderer(talking).render(messages, [])
     firsts: list[float] = []
+    ends: list[float] = []
+    direct: list[float] = []
     with (
+        policy_server(talking) as policy,
         forge_proxy(
-            work / "ttft", work / "confdir", {}, extra=serve_settings(policy_url, tokenizer)
+            work / "ttft", work / "confdir", {}, extra=serve_settings(policy.base_url, talking)
         ) as proxy,
         anthropic_client(proxy) as client,
     ):
-        for _ in range(calls + 1):  # the first opens the connection: not counted
+        body = json.dumps(
+            {"prompt": prompt, "max_tokens": 64, "stream": True, "return_token_ids": True}
+        ).encode()
+        for n in range(calls + 1):  # the first opens the connections: not counted
             start = time.perf_counter()
+            text: list[str] = []
             with client.messages.stream(
-                model="claude-sonnet-4-5",
-                max_tokens=64,
-                messages=[{"role": "user", "content": "list the files"}],
+                model="claude-sonnet-4-5", max_tokens=64, messages=messages
             ) as stream:
-                for _event in stream:
-                    firsts.append((time.perf_counter() - start) * 1000)
-                    break
-                stream.until_done()
-    return statistics.median(firsts[1:])
+                for event in stream:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        if not text:
+                            first = (time.perf_counter() - start) * 1000
+                        text.append(event.delta.text)
+            end = (time.perf_counter() - start) * 1000
+            assert "".join(text) == TALK, text
+            start = time.perf_counter()
+            request = urllib.request.Request(
+                policy.base_url + "/v1/completions",
+                data=body,
+                headers={"content-type": "application/json"},
+            )
+            with urllib.request.urlopen(request) as response:
+                for line in response:
+                    if line.startswith(b"data: "):
+                        direct_first = (time.perf_counter() - start) * 1000
+                        break
+                response.read()
+            if n:
+                firsts.append(first)
+                ends.append(end)
+                direct.append(direct_first)
+    return {
+        "serve.ttft_ms": statistics.median(firsts),
+        "serve.reply_ms": statistics.median(ends),
+        "serve.ttft_direct_ms": statistics.median(direct),
+    }
 
 
 def clean_rates(random_model: Path, work: Path) -> dict[str, float]:
@@ -243,8 +292,14 @@ def main(argv: list[str] | None = None) -> int:
                 figures[f"serve.added_ms_{key}"] = round(got["added_ms"], 3)
                 if key == "12k":
                     figures["serve.added_ms_24k"] = round(got["added_ms_2x"], 3)
-            figures["serve.ttft_ms"] = round(ttft_ms(policy.base_url, scripted, work), 3)
-            print(f"-- ttft through mitmdump: {figures['serve.ttft_ms']:.2f} ms", flush=True)
+        times = ttft_ms(random_model, work)
+        figures.update({k: round(v, 3) for k, v in times.items()})
+        print(
+            f"-- through mitmdump: first text after {times['serve.ttft_ms']:.2f} ms, whole "
+            f"reply after {times['serve.reply_ms']:.2f} ms; the policy server's own first "
+            f"token after {times['serve.ttft_direct_ms']:.2f} ms",
+            flush=True,
+        )
         if not args.skip_harnesses:
             figures.update(clean_rates(random_model, work))
     for key, value in figures.items():

@@ -25,7 +25,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import psutil
-from mitmproxy import connection, ctx, http
+from mitmproxy import connection, ctx, http, websocket
 
 from mitm_addon.addons.routing import json_response
 from mitm_addon.addons.state import FlowState, Route, Shared, WsCall
@@ -101,7 +101,9 @@ class Recording:
         ready = ctx.options.forge_ready_file
         if ready:
             Path(ready).write_text(
-                json.dumps({"pid": os.getpid(), "run_id": shared.run_id, "dir": str(config.out_dir)})
+                json.dumps(
+                    {"pid": os.getpid(), "run_id": shared.run_id, "dir": str(config.out_dir)}
+                )
             )
 
     async def _watch_parent(self, pid: int) -> None:
@@ -192,8 +194,8 @@ class Recording:
         state = FlowState.of(flow)
         if state is None or state.capture is None or flow.response is None:
             return
-        if state.route is Route.SERVED:
-            return  # answered whole: nothing to tee
+        if state.route is Route.SERVED and state.upstream_url is None:
+            return  # answered here, whole: nothing to tee
         assert self.shared.config is not None
         capture = state.capture
         for name, value in flow.response.headers.fields:  # no mitmproxy lookup: it decodes all
@@ -239,7 +241,7 @@ class Recording:
         message = flow.websocket.messages[-1]
         current = state.ws_call
         if message.from_client:
-            if not message.is_text or '"response.create"' not in message.text[: _WS_HEAD_CHARS * 4]:
+            if not starts_ws_call(message):
                 return
             if current is not None:
                 self._end_ws(flow, state, "a new response.create arrived before this call ended")
@@ -425,6 +427,11 @@ class Recording:
         if error:
             capture.error = error
         self._log_end(capture, self._lookup_at_end(flow, capture))
+
+
+def starts_ws_call(message: websocket.WebSocketMessage) -> bool:
+    """Does this client message start a Responses call (``response.create``)?"""
+    return message.is_text and '"response.create"' in message.text[: _WS_HEAD_CHARS * 4]
 
 
 def local_addresses() -> frozenset[str]:

@@ -130,13 +130,19 @@ class Routing:
         upgrade = flow.request.headers.get("upgrade", "").lower() == "websocket"
         adapter = self._adapter(method, path)
         if config.mode == "serve":
-            if upgrade:
-                # mitmproxy cannot hold a WebSocket without an upstream to relay; Codex
-                # falls back to HTTP + SSE on a 426, which serve mode answers.
+            if upgrade and (
+                config.refuse_websocket
+                or config.serve_models
+                or not openai_responses.matches_websocket(path)
+            ):
+                # Codex falls back to HTTP + SSE on a 426. A socket carries many calls,
+                # each naming its model: with forge_serve_models set, HTTP routes each.
                 flow.response = json_response(
-                    426, {"error": "Forge serve mode answers the Responses API over HTTP; use SSE"}
+                    426, {"error": "Forge serve mode answers this over HTTP; use SSE"}
                 )
                 return None
+            if upgrade:
+                return Route.WEBSOCKET  # answered by serve mode's endpoint (Serving)
             if adapter is not None:
                 model = requested_model(flow, config.max_body_bytes)
                 if serves_model(config.serve_models, model):

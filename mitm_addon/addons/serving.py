@@ -1,9 +1,14 @@
 """Serve mode: the calls Routing gave the policy are answered from it, in the API's own
-shape (SSE when the harness asked for a stream), with their token ids on the record.
+shape (SSE, event by event as the policy samples, when the harness asked for a stream),
+with their token ids on the record.
 
-The policy answers on a worker thread, so mitmproxy's event loop keeps relaying other
-flows while a completion is sampled. This addon comes after Recording in ``addons``: a
-served call's record is open (its BEGIN frame written) before the policy is asked.
+A served call, and a Responses WebSocket, is rerouted to serve mode's loopback endpoint
+(``mitm_addon.serve.endpoint``), which answers it; mitmproxy relays the reply as it
+comes and Recording records it as it records a provider's. The policy is asked on worker
+threads, so mitmproxy's event loop keeps relaying other flows while a completion is
+sampled. This addon comes after Recording in ``addons``: a served call's record is open
+(its BEGIN frame written) before it is rerouted, and a WebSocket call's before its
+``response.create`` reaches the endpoint.
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from typing import Any
 
 from mitmproxy import exceptions, http
 
+from mitm_addon.addons.recording import starts_ws_call
 from mitm_addon.addons.state import FlowState, Route, Shared
+from mitm_addon.capture import Capture
 from mitm_addon.config import Config, ConfigError
-from mitm_addon.protocols import find_adapter
-from mitm_addon.serve.handler import Answer, Server, error_answer
+from mitm_addon.serve.endpoint import CallJob, Endpoint, SocketJob
+from mitm_addon.serve.handler import Answer, Server, TokenRecord
 from mitm_addon.serve.renderer import TemplateError
 
 log = logging.getLogger(__name__)
-_WORKERS = 8  # completions sampled at once (the policy server batches them)
+_WORKERS = 4  # model lists and token counts answered at once
 
 
 class Serving:
@@ -34,8 +41,12 @@ class Serving:
         self.server: Server | None = None
         self._key: tuple[Any, ...] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            _WORKERS, thread_name_prefix="forge-serve"
+            _WORKERS, thread_name_prefix="forge-local"
         )
+        self.endpoint = Endpoint()
+        self._captures: dict[str, Capture] = {}  # served calls waiting for their tokens
+        self._sockets: dict[str, tuple[str, SocketJob]] = {}  # by flow id
+        self._calls: dict[str, tuple[str, str]] = {}  # flow id -> (endpoint path, call id)
 
     def configure(self, updated: set[str]) -> None:
         if not any(k.startswith("forge_") for k in updated) or self.shared.config is None:
@@ -85,7 +96,9 @@ class Serving:
         if state.route is Route.LOCAL:
             return self._answer_local(flow, self.server, state.host)
         if state.route is Route.SERVED and state.capture is not None:
-            return self._answer(flow, self.server, state)
+            return self._serve(flow, self.server, state, state.capture)
+        if state.route is Route.WEBSOCKET:
+            return self._serve_socket(flow, self.server, state)
         return None
 
     async def _answer_local(self, flow: http.HTTPFlow, server: Server, host: str) -> None:
@@ -99,45 +112,96 @@ class Serving:
         )
         flow.response = answer_response(local)
 
-    async def _answer(self, flow: http.HTTPFlow, server: Server, state: FlowState) -> None:
-        capture = state.capture
-        assert capture is not None
-        try:
-            answer = await asyncio.get_running_loop().run_in_executor(
-                self._pool,
-                server.answer,
-                capture.call_id,
-                flow.request.method,
-                flow.request.path,
-                flow.request.get_content(strict=False) or b"",
-            )
-        except Exception as e:  # a bug must not send the call on to the provider
-            log.exception("forge: serving %s failed", flow.request.path)
-            adapter = find_adapter(flow.request.method, flow.request.path)
-            answer = error_answer(
-                adapter.api if adapter is not None else "openai_chat",
-                500,
-                f"Forge failed to serve this call: {type(e).__name__}: {e}",
-            )
-        if answer.stream:
-            capture.transport = "sse"
-        if answer.tokens is not None:
-            t = answer.tokens
-            capture.policy_version, capture.drift = t.policy_version, t.drift
-            capture.prompt_ids, capture.prompt_parent_call_id = (
-                t.prompt_ids,
-                t.prompt_parent_call_id,
-            )
-            capture.completion_ids, capture.completion_logprobs = (
-                t.completion_ids,
-                t.completion_logprobs,
-            )
-            capture.finish_reason, capture.prompt_tokens = t.finish_reason, t.prompt_tokens
-            capture.upstream_url = server.client.base_url
-        flow.response = answer_response(answer)
+    async def _serve(
+        self, flow: http.HTTPFlow, server: Server, state: FlowState, capture: Capture
+    ) -> None:
+        await self.endpoint.start()
+        self._captures[capture.call_id] = capture
+        job = CallJob(
+            server,
+            capture.call_id,
+            flow.request.method,
+            flow.request.path,
+            flow.request.get_content(strict=False) or b"",
+            self._take_tokens,
+        )
+        path = self.endpoint.expect_call(job)
+        self._calls[flow.id] = (path, capture.call_id)
+        self._reroute(flow, state, path)
 
-    def done(self) -> None:
+    async def _serve_socket(self, flow: http.HTTPFlow, server: Server, state: FlowState) -> None:
+        await self.endpoint.start()
+        path, job = self.endpoint.expect_socket(SocketJob(server, self._take_tokens))
+        self._sockets[flow.id] = (path, job)
+        self._reroute(flow, state, path)
+
+    def _reroute(self, flow: http.HTTPFlow, state: FlowState, path: str) -> None:
+        request, port = flow.request, self.endpoint.port
+        assert port is not None
+        request.scheme, request.host, request.port, request.path = "http", "127.0.0.1", port, path
+        request.headers["host"] = f"127.0.0.1:{port}"
+        # The endpoint answers from the body as the harness sent it (decoded, registered
+        # above); what mitmproxy relays is only drained, never decoded again.
+        request.headers.pop("content-encoding", None)
+        # Recorded as answered by the policy (the endpoint is Forge's own relay to it).
+        assert self.server is not None
+        state.upstream_url = self.server.client.base_url
+
+    def _take_tokens(self, call_id: str, tokens: TokenRecord | None) -> None:
+        """A served call's token record onto its record (on the event loop, before the
+        last byte of its reply is sent)."""
+        capture = self._captures.pop(call_id, None)
+        if capture is None or tokens is None or self.server is None:
+            return
+        t = tokens
+        capture.policy_version, capture.drift = t.policy_version, t.drift
+        capture.prompt_ids, capture.prompt_parent_call_id = t.prompt_ids, t.prompt_parent_call_id
+        capture.completion_ids, capture.completion_logprobs = (
+            t.completion_ids,
+            t.completion_logprobs,
+        )
+        capture.finish_reason, capture.prompt_tokens = t.finish_reason, t.prompt_tokens
+        capture.upstream_url = self.server.client.base_url
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        served = self._sockets.get(flow.id)
+        if served is None or flow.websocket is None:
+            return
+        message = flow.websocket.messages[-1]
+        if not message.from_client or not starts_ws_call(message):
+            return
+        state = FlowState.of(flow)
+        call = state.ws_call if state is not None else None
+        if call is None:  # not recorded (Recording could not open its record)
+            served[1].call_ids.append(None)
+            return
+        self._captures[call.capture.call_id] = call.capture
+        served[1].call_ids.append(call.capture.call_id)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        served = self._sockets.pop(flow.id, None)
+        if served is not None:
+            self.endpoint.forget(served[0])
+            for call_id in served[1].call_ids:
+                if call_id is not None:
+                    self._captures.pop(call_id, None)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._forget(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._forget(flow)
+
+    def _forget(self, flow: http.HTTPFlow) -> None:
+        """A served call that has ended: whatever was registered for it goes."""
+        served = self._calls.pop(flow.id, None)
+        if served is not None:
+            self.endpoint.forget(served[0])
+            self._captures.pop(served[1], None)
+
+    async def done(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        await self.endpoint.stop()
 
 
 def answer_response(answer: Answer) -> http.Response:

@@ -5,17 +5,26 @@ reasoning sits in ``<think>...</think>`` and each tool call is a JSON object
 ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``. A
 block whose JSON does not parse stays in the text: the harness sees what the model
 wrote rather than a call it did not make.
+
+``HermesStream`` reads the text as it is sampled and says what can be sent already
+(``Piece``s: reasoning and text deltas, whole tool calls); ``parse_hermes`` is the same
+reader given the whole text, so a streamed reply and a whole one always agree. Rules:
+reasoning is the ``<think>`` block the completion opens (or the one the generation prompt
+opened, ``opened``), newlines around it dropped; the text drops its leading whitespace,
+and its trailing whitespace too when tool calls follow it; tool calls end a reply, so
+text written between or after them is dropped (as vLLM's Hermes parser does): a reply
+is reasoning, text, then calls, in every API's shape. The completion's token ids keep
+all of it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -34,19 +43,13 @@ class ParsedCompletion:
     finish: str = "stop"
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """(reasoning, rest): the ``<think>`` block the model opened (or the template opened
-    for it, when only ``</think>`` appears) and the text after it."""
-    head = text.lstrip()
-    if head.startswith(THINK_OPEN):
-        inner, sep, rest = head[len(THINK_OPEN) :].partition(THINK_CLOSE)
-        if not sep:  # cut off while thinking
-            return inner.strip("\n"), ""
-        return inner.strip("\n"), rest.lstrip("\n")
-    if THINK_CLOSE in text and THINK_OPEN not in text:
-        inner, _, rest = text.partition(THINK_CLOSE)
-        return inner.strip("\n"), rest.lstrip("\n")
-    return None, text
+@dataclass(frozen=True)
+class Piece:
+    """What a reply can send so far: a reasoning or text delta, or a whole tool call."""
+
+    kind: Literal["reasoning", "text", "tool"]
+    text: str = ""
+    call: ToolCall | None = None
 
 
 def _tool_call(block: str) -> ToolCall | None:
@@ -67,30 +70,136 @@ def _tool_call(block: str) -> ToolCall | None:
     return ToolCall(value["name"], arguments)
 
 
-def parse_hermes(text: str, finish: str) -> ParsedCompletion:
+def _held(buffer: str, marker: str) -> int:
+    """Length of the longest end of ``buffer`` that could begin ``marker``."""
+    for n in range(min(len(buffer), len(marker) - 1), 0, -1):
+        if marker.startswith(buffer[-n:]):
+            return n
+    return 0
+
+
+class HermesStream:
+    """Qwen3 / Hermes output read as it grows: ``feed`` each decoded delta, then
+    ``finish``. What ``feed`` returns never changes later: text that may still turn out
+    to be a marker, a tool call, or whitespace the rules drop is held back."""
+
+    def __init__(self, opened: bool = False) -> None:
+        self._buffer = ""
+        self._mode: Literal["head", "reasoning", "text"] = "reasoning" if opened else "head"
+        self._reasoning: list[str] | None = [] if opened else None
+        self._text: list[str] = []
+        self._calls: list[ToolCall] = []
+        self._newlines = ""  # reasoning: trailing newlines held back
+        self._spaces = ""  # text: trailing whitespace held back
+
+    def feed(self, delta: str) -> list[Piece]:
+        self._buffer += delta
+        out: list[Piece] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self, finish: str) -> tuple[list[Piece], ParsedCompletion]:
+        """The last pieces, and the whole completion they add up to with the earlier."""
+        out: list[Piece] = []
+        rest, self._buffer = self._buffer, ""
+        if self._mode == "reasoning":  # cut off while thinking: what it wrote is reasoning
+            self._think(rest, out)
+        else:
+            self._say(rest, out)
+            if not self._calls:
+                self._say_spaces(out)
+        parsed = ParsedCompletion(
+            text="".join(self._text),
+            reasoning=None if self._reasoning is None else "".join(self._reasoning),
+            tool_calls=list(self._calls),
+            finish=finish,
+        )
+        return out, parsed
+
+    # -- one step over the buffer; True while there is more to do --------------------------
+
+    def _step(self, out: list[Piece]) -> bool:
+        buffer = self._buffer
+        if self._mode == "head":
+            head = buffer.lstrip()
+            if len(head) < len(THINK_OPEN) and THINK_OPEN.startswith(head):
+                return False  # "", or what may yet be "<think>"
+            if head.startswith(THINK_OPEN):
+                self._buffer, self._mode, self._reasoning = head[len(THINK_OPEN) :], "reasoning", []
+            else:
+                self._mode = "text"
+            return True
+        if self._mode == "reasoning":
+            end = buffer.find(THINK_CLOSE)
+            if end < 0:
+                keep = _held(buffer, THINK_CLOSE)
+                self._think(buffer[: len(buffer) - keep], out)
+                self._buffer = buffer[len(buffer) - keep :]
+                return False
+            self._think(buffer[:end], out)
+            self._newlines = ""  # the newlines before </think> are not reasoning
+            self._buffer, self._mode = buffer[end + len(THINK_CLOSE) :], "text"
+            return True
+        start = buffer.find(CALL_OPEN)
+        if start < 0:
+            keep = _held(buffer, CALL_OPEN)
+            self._say(buffer[: len(buffer) - keep], out)
+            self._buffer = buffer[len(buffer) - keep :]
+            return False
+        end = buffer.find(CALL_CLOSE, start + len(CALL_OPEN))
+        self._say(buffer[:start], out)
+        if end < 0:
+            self._buffer = buffer[start:]  # inside a call: wait for its end
+            return False
+        call = _tool_call(buffer[start + len(CALL_OPEN) : end].strip())
+        if call is None:  # not a call after all: what the model wrote stays text
+            self._say(buffer[start : end + len(CALL_CLOSE)], out)
+        else:
+            self._calls.append(call)
+            out.append(Piece("tool", call=call))
+        self._buffer = buffer[end + len(CALL_CLOSE) :]
+        return True
+
+    def _think(self, chunk: str, out: list[Piece]) -> None:
+        assert self._reasoning is not None
+        text = self._newlines + chunk
+        if not self._reasoning:
+            text = text.lstrip("\n")
+        body = text.rstrip("\n")
+        self._newlines = text[len(body) :]
+        if body:
+            self._reasoning.append(body)
+            out.append(Piece("reasoning", body))
+
+    def _say(self, chunk: str, out: list[Piece]) -> None:
+        if self._calls:
+            return  # after a tool call: not part of the reply
+        text = self._spaces + chunk
+        if not self._text:
+            text = text.lstrip()
+        body = text.rstrip()
+        self._spaces = text[len(body) :]
+        if body:
+            self._text.append(body)
+            out.append(Piece("text", body))
+
+    def _say_spaces(self, out: list[Piece]) -> None:
+        if self._spaces and self._text:
+            self._text.append(self._spaces)
+            out.append(Piece("text", self._spaces))
+        self._spaces = ""
+
+
+def parse_hermes(text: str, finish: str, opened: bool = False) -> ParsedCompletion:
     """Qwen3 / Hermes output: ``<think>`` reasoning, text, ``<tool_call>`` JSON blocks."""
-    reasoning, rest = split_reasoning(text)
-    calls: list[ToolCall] = []
-    kept: list[str] = []
-    position = 0
-    for match in _TOOL_CALL.finditer(rest):
-        call = _tool_call(match.group(1))
-        if call is None:
-            continue
-        calls.append(call)
-        kept.append(rest[position : match.start()])
-        position = match.end()
-    kept.append(rest[position:])
-    content = "".join(kept)
-    return ParsedCompletion(
-        text=content.strip() if calls else content,
-        reasoning=reasoning,
-        tool_calls=calls,
-        finish=finish,
-    )
+    stream = HermesStream(opened)
+    stream.feed(text)
+    return stream.finish(finish)[1]
 
 
 PARSERS = {"hermes": parse_hermes}
+STREAMS = {"hermes": HermesStream}
 
 
 def parser_for_template(template: str | None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from mitm_addon.protocols import find_adapter
 from mitm_addon.protocols.base import ParseError
-from pipeline.export import to_openai
+from pipeline.export import _text_of, to_openai
 
 
 class ConversionError(ValueError):
@@ -33,6 +33,9 @@ class Conversation:
     temperature: float | None = None
     top_p: float | None = None
     previous_response_id: str | None = None
+    # Leading messages that a Responses call's ``instructions`` made: a later call naming
+    # this one in ``previous_response_id`` does not inherit them (the API's rule).
+    instructions: int = 0
 
 
 # Body keys that bound the completion's length, per API (the first one present wins).
@@ -63,6 +66,11 @@ def _max_tokens(api: str, params: dict[str, Any]) -> int | None:
     return None
 
 
+def _has_instructions(params: dict[str, Any]) -> bool:
+    """Does ``instructions`` make a system message (as ``to_openai`` converts it)?"""
+    return bool(_text_of(params.get("instructions")))
+
+
 def _clean(message: dict[str, Any]) -> dict[str, Any]:
     """A converted message without the null fields templates would print as 'None'."""
     return {k: v for k, v in message.items() if v is not None}
@@ -85,6 +93,7 @@ def from_request(
     except (ParseError, ValueError, TypeError, AttributeError) as e:
         raise ConversionError(f"{adapter.api}: {e}") from e
     messages = [_clean(m) for m in messages]
+    instructions = int(adapter.api == "openai_responses" and _has_instructions(parsed.params))
     if parsed.previous_response_id is not None:
         if history is None:
             raise ConversionError(
@@ -92,14 +101,9 @@ def from_request(
                 "proxy (it keeps the responses it served since it started); send the whole "
                 "input instead"
             )
-        system = [m for m in messages if m["role"] == "system"][:1] or [
-            m for m in history if m["role"] == "system"
-        ][:1]
-        messages = (
-            system
-            + [m for m in history if m["role"] != "system"]
-            + [m for m in messages if m["role"] != "system"]
-        )
+        # The new instructions, then every message of the earlier response (its input
+        # items, developer messages included, and its reply), then the new input items.
+        messages = messages[:instructions] + history + messages[instructions:]
     if not messages:
         raise ConversionError(f"{adapter.api}: the request holds no message")
     return Conversation(
@@ -112,4 +116,5 @@ def from_request(
         temperature=_number(parsed.params, "temperature"),
         top_p=_number(parsed.params, "top_p"),
         previous_response_id=parsed.previous_response_id,
+        instructions=instructions,
     )

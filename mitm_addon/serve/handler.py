@@ -1,8 +1,11 @@
 """One served call, start to end: request body in, API-shaped reply and token record out.
 
-``Server.answer`` is blocking (it waits for the policy); the addon runs it on a worker
-thread. It never raises for bad input: a request it cannot serve gets the API's error
-shape with a 4xx status, a failing policy server a 5xx (or 429 with ``Retry-After``).
+``Server.answer`` is blocking (it waits for the policy) and gives the reply whole;
+``Server.answer_stream`` streams it as the policy samples it (``Streamed``: batches of
+API events, and the call's ``TokenRecord`` just before the last). The serve endpoint
+runs both on worker threads. Neither raises for bad input: a request it cannot serve
+gets the API's error shape with a 4xx status, a failing policy server a 5xx (or 429
+with ``Retry-After``); a stream the policy breaks ends with the API's error event.
 ``Server.answer_local`` answers the provider's other endpoints the harness uses (model
 lists, token counting) without the policy.
 """
@@ -14,6 +17,7 @@ import json
 import logging
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +25,11 @@ from typing import Any
 from mitm_addon.protocols import find_adapter
 from mitm_addon.serve import completion as completion_mod
 from mitm_addon.serve import replies
+from mitm_addon.serve.completion import ParsedCompletion
 from mitm_addon.serve.conversation import Conversation, ConversionError, from_request
-from mitm_addon.serve.policy import PolicyClient, PolicyError
+from mitm_addon.serve.policy import PolicyClient, PolicyError, PolicyOutput
 from mitm_addon.serve.renderer import Renderer, TemplateError
-from mitm_addon.serve.splice import ServedCall, SpliceStore, plan_prompt
+from mitm_addon.serve.splice import Plan, ServedCall, SpliceStore, plan_prompt
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,43 @@ class Answer:
     @property
     def stream(self) -> bool:
         return self.content_type == "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A reply streamed as sampled: ``events`` yields lists of (event name, data) as the
+    API sends them, and the call's ``TokenRecord`` before the last list. It raises
+    PolicyError if the policy's stream breaks (``error_event`` says so to the harness)."""
+
+    api: str
+    events: Iterator[list[replies.Event] | TokenRecord]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A call ready for the policy."""
+
+    call_id: str
+    api: str
+    body: dict[str, Any]
+    conv: Conversation
+    plan: Plan
+    max_tokens: int
+
+
+def error_event(api: str, message: str) -> replies.Event:
+    """The event that ends a stream the policy broke, in the API's shape."""
+    if api == "anthropic_messages":
+        return ("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+    if api == "openai_responses":
+        return (
+            "error",
+            {"type": "error", "code": "server_error", "message": message, "param": None},
+        )
+    return (
+        None,
+        {"error": {"message": message, "type": "server_error", "param": None, "code": None}},
+    )
 
 
 def error_answer(api: str, status: int, message: str, retry_after: str | None = None) -> Answer:
@@ -109,9 +151,9 @@ class Server:
         max_tokens_cap: int | None = None,
     ) -> None:
         self.renderer = Renderer(tokenizer_dir)
-        self.parser = completion_mod.PARSERS[
-            completion_mod.parser_for_template(self.renderer.template)
-        ]
+        self.parser_name = completion_mod.parser_for_template(self.renderer.template)
+        self.parser = completion_mod.PARSERS[self.parser_name]
+        self.opened = self.renderer.opens_reasoning
         self.client = PolicyClient(policy_url, policy_version=policy_version)
         self.store = SpliceStore()
         self.models = models
@@ -124,6 +166,53 @@ class Server:
     # -- model calls ---------------------------------------------------------------------
 
     def answer(self, call_id: str, method: str, path: str, raw: bytes) -> Answer:
+        """The reply whole (a stream's events all at once)."""
+        call = self._prepare(call_id, method, path, raw)
+        return call if isinstance(call, Answer) else self._whole(call)
+
+    def answer_stream(self, call_id: str, method: str, path: str, raw: bytes) -> Answer | Streamed:
+        """The reply as the policy samples it, where the harness asked for a stream;
+        else (and for a request it cannot serve, or a policy that refuses) an Answer."""
+        call = self._prepare(call_id, method, path, raw)
+        if isinstance(call, Answer):
+            return call
+        if self._is_prewarm(call):
+            return Streamed(call.api, iter([self._prewarm(call)]))
+        if not call.conv.stream:
+            return self._whole(call)
+        try:
+            outs = self.client.stream(
+                call.plan.prompt_ids, call.max_tokens, call.conv.temperature, call.conv.top_p
+            )
+        except PolicyError as e:
+            log.warning("forge: policy call failed: %s", e)
+            return error_answer(call.api, e.status, str(e), e.retry_after)
+        return Streamed(call.api, self._stream(call, outs))
+
+    @staticmethod
+    def _is_prewarm(call: _Call) -> bool:
+        return call.api == "openai_responses" and call.body.get("generate") is False
+
+    def _prewarm(self, call: _Call) -> list[replies.Event]:
+        """Codex's ``generate: false`` warm-up: answered without sampling, its input kept
+        for a later ``previous_response_id``."""
+        head = self._reply(call, ParsedCompletion("", None), 0)
+        self.store.add_history(f"resp_{call.call_id}", call.conv.messages[call.conv.instructions :])
+        return replies.prewarm_events(head, call.body)
+
+    def _whole(self, call: _Call) -> Answer:
+        if self._is_prewarm(call):
+            events = self._prewarm(call)
+            if call.conv.stream:
+                return Answer(200, "text/event-stream", replies.encode_sse(events))
+            return Answer(200, "application/json", json.dumps(events[-1][1]["response"]).encode())
+        try:
+            return self._complete(call)
+        except PolicyError as e:
+            log.warning("forge: policy call failed: %s", e)
+            return error_answer(call.api, e.status, str(e), e.retry_after)
+
+    def _prepare(self, call_id: str, method: str, path: str, raw: bytes) -> _Call | Answer:
         adapter = find_adapter(method, path)
         api = adapter.api if adapter is not None else "openai_chat"
         try:
@@ -132,17 +221,14 @@ class Server:
                 raise ConversionError("the request body is not a JSON object")
             previous = body.get("previous_response_id")
             history = self.store.history(previous) if isinstance(previous, str) else None
-            conversation = from_request(method, path, body, history)
-            return self._answer(call_id, api, body, conversation)
+            conv = from_request(method, path, body, history)
+            plan = plan_prompt(self.store, self.renderer, conv.messages, conv.tools)
+            _, max_model_len = self.client.model()
         except (ConversionError, TemplateError, ValueError) as e:
             return error_answer(api, 400, str(e))
         except PolicyError as e:
             log.warning("forge: policy call failed: %s", e)
             return error_answer(api, e.status, str(e), e.retry_after)
-
-    def _answer(self, call_id: str, api: str, body: dict[str, Any], conv: Conversation) -> Answer:
-        plan = plan_prompt(self.store, self.renderer, conv.messages, conv.tools)
-        _, max_model_len = self.client.model()
         max_tokens = conv.max_tokens or DEFAULT_MAX_TOKENS
         if self.max_tokens_cap is not None:
             max_tokens = min(max_tokens, self.max_tokens_cap)
@@ -155,37 +241,93 @@ class Server:
                     f"prompt is too long: {len(plan.prompt_ids)} tokens > {max_model_len} maximum",
                 )
             max_tokens = min(max_tokens, room)
-        out = self.client.complete(plan.prompt_ids, max_tokens, conv.temperature, conv.top_p)
-        finish = "length" if out.finish_reason == "length" else "stop"
-        parsed = self.parser(self.renderer.decode(out.token_ids), finish)
-        reply = replies.Reply(
-            call_id=call_id,
-            model=conv.model or self.client.model()[0],
-            completion=parsed,
-            input_tokens=len(plan.prompt_ids),
-            output_tokens=len(out.token_ids),
+        return _Call(call_id, api, body, conv, plan, max_tokens)
+
+    def _reply(
+        self, call: _Call, completion: ParsedCompletion, output_tokens: int
+    ) -> replies.Reply:
+        return replies.Reply(
+            call_id=call.call_id,
+            model=call.conv.model or self.client.model()[0],
+            completion=completion,
+            input_tokens=len(call.plan.prompt_ids),
+            output_tokens=output_tokens,
             created=int(time.time()),
         )
-        content_type, data = replies.build(api, reply, conv.stream, body)
-        response_id = f"resp_{call_id}" if api == "openai_responses" else None
-        self.store.add(
-            [*conv.messages, replies.reply_message(reply, api)],
-            conv.tools,
-            ServedCall(call_id, array("i", plan.prompt_ids), array("i", out.token_ids)),
-            response_id,
-            plan.keys,
+
+    def _complete(self, call: _Call) -> Answer:
+        out = self.client.complete(
+            call.plan.prompt_ids, call.max_tokens, call.conv.temperature, call.conv.top_p
         )
-        tokens = TokenRecord(
-            policy_version=out.policy_version,
+        finish = "length" if out.finish_reason == "length" else "stop"
+        parsed = self.parser(self.renderer.decode(out.token_ids), finish, self.opened)
+        reply = self._reply(call, parsed, len(out.token_ids))
+        content_type, data = replies.build(call.api, reply, call.conv.stream, call.body)
+        tokens = self._remember(
+            call, reply, out.token_ids, out.logprobs, out.finish_reason, out.policy_version
+        )
+        return Answer(200, content_type, data, tokens=tokens)
+
+    def _stream(
+        self, call: _Call, outs: Iterator[PolicyOutput]
+    ) -> Iterator[list[replies.Event] | TokenRecord]:
+        head = self._reply(call, ParsedCompletion("", None), 0)
+        encoder = replies.encoder(call.api, head, call.body)
+        reader = completion_mod.STREAMS[self.parser_name](self.opened)
+        decoder = self.renderer.decoder()
+        logprobs: list[float] | None = []
+        finish_reason, version = "stop", None
+        yield encoder.start()
+        for out in outs:
+            if logprobs is not None and out.logprobs is not None:
+                logprobs += out.logprobs
+            else:
+                logprobs = None
+            finish_reason, version = out.finish_reason, out.policy_version
+            events: list[replies.Event] = []
+            for piece in reader.feed(decoder.feed(out.token_ids)):
+                events += encoder.piece(piece)
+            if events:
+                yield events
+        finish = "length" if finish_reason == "length" else "stop"
+        rest = reader.feed(decoder.finish())
+        last, parsed = reader.finish(finish)
+        events = []
+        for piece in rest + last:
+            events += encoder.piece(piece)
+        reply = self._reply(call, parsed, len(decoder.ids))
+        yield self._remember(call, reply, decoder.ids, logprobs, finish_reason, version)
+        yield events + encoder.end(reply)
+
+    def _remember(
+        self,
+        call: _Call,
+        reply: replies.Reply,
+        completion_ids: list[int],
+        logprobs: list[float] | None,
+        finish_reason: str,
+        version: int | None,
+    ) -> TokenRecord:
+        """Keep the served call for the splices of later calls; its token record."""
+        plan = call.plan
+        self.store.add(
+            [*call.conv.messages, replies.reply_message(reply, call.api)],
+            call.conv.tools,
+            ServedCall(call.call_id, array("i", plan.prompt_ids), array("i", completion_ids)),
+            f"resp_{call.call_id}" if call.api == "openai_responses" else None,
+            plan.keys,
+            call.conv.instructions,
+        )
+        return TokenRecord(
+            policy_version=version,
             drift=plan.drift,
             prompt_ids=plan.stored_ids,
             prompt_parent_call_id=plan.parent_call_id,
-            completion_ids=out.token_ids,
-            completion_logprobs=out.logprobs,
-            finish_reason=out.finish_reason,
+            completion_ids=list(completion_ids),
+            completion_logprobs=logprobs,
+            finish_reason=finish_reason,
             prompt_tokens=len(plan.prompt_ids),
         )
-        return Answer(200, content_type, data, tokens=tokens)
 
     # -- the provider's other endpoints -----------------------------------------------------
 

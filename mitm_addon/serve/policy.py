@@ -3,7 +3,9 @@
 The same client talks to ``vllm serve`` and to ``forge serve-policy``: it asks for the
 sampled token ids (``return_token_ids``) and their logprobs (``logprobs``, tokens as
 ``token_id:ID``), and reads the policy version where the server reports one (Forge's
-server does; for vLLM it is the version set with ``forge_policy_version``). Blocking:
+server does; for vLLM it is the version set with ``forge_policy_version``). ``stream``
+asks for the same completion as server-sent events (``stream: true``, which vLLM and
+``forge serve-policy`` both answer) and yields it as it is sampled. Blocking:
 the addon calls it from a worker thread, never on mitmproxy's event loop.
 """
 
@@ -13,6 +15,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,13 +112,13 @@ class PolicyClient:
                 self._max_model_len = limit if isinstance(limit, int) else None
             return self._model, self._max_model_len
 
-    def complete(
+    def _request(
         self,
         prompt_ids: list[int],
         max_tokens: int,
         temperature: float | None,
         top_p: float | None,
-    ) -> PolicyOutput:
+    ) -> dict[str, Any]:
         model, _ = self.model()
         body: dict[str, Any] = {
             "model": model,
@@ -130,9 +133,89 @@ class PolicyClient:
             body["temperature"] = temperature
         if top_p is not None:
             body["top_p"] = top_p
+        return body
+
+    def complete(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> PolicyOutput:
+        body = self._request(prompt_ids, max_tokens, temperature, top_p)
         out = parse_completion(self._call("POST", "/v1/completions", body))
         if out.policy_version is None and self.policy_version is not None:
             out = PolicyOutput(
                 out.token_ids, out.logprobs, out.finish_reason, self.policy_version, out.prompt_ids
             )
         return out
+
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        temperature: float | None,
+        top_p: float | None,
+    ) -> Iterator[PolicyOutput]:
+        """The completion as it is sampled: one ``PolicyOutput`` per event, holding the
+        new token ids (and their logprobs); the last has the finish reason. Raises
+        PolicyError before the first when the server refuses, and mid-stream when the
+        stream breaks or ends before its finish reason."""
+        body = self._request(prompt_ids, max_tokens, temperature, top_p)
+        body["stream"] = True
+        request = urllib.request.Request(
+            self.base_url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"content-type": "application/json", "accept": "text/event-stream"},
+        )
+        try:
+            response = urllib.request.urlopen(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:2000].decode("utf-8", "replace")
+            status = 429 if e.code == 429 else (400 if e.code == 400 else 502)
+            raise PolicyError(
+                f"the policy server answered {e.code} to /v1/completions: {detail}",
+                status,
+                e.headers.get("retry-after"),
+            ) from e
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise PolicyError(f"the policy server at {self.base_url} failed: {e}", 503) from e
+        return self._events(response)
+
+    def _events(self, response: Any) -> Iterator[PolicyOutput]:
+        finished = False
+        try:
+            for line in response:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except ValueError as e:
+                    raise PolicyError(f"the policy server's stream is not JSON: {e}") from e
+                if not isinstance(event, dict):
+                    raise PolicyError("the policy server's stream holds a non-object event")
+                if "error" in event:
+                    raise PolicyError(f"the policy server's stream failed: {event['error']}")
+                if not event.get("choices"):
+                    continue  # the usage chunk
+                out = parse_completion(event)
+                finished = event["choices"][0].get("finish_reason") is not None
+                if out.policy_version is None and self.policy_version is not None:
+                    out = PolicyOutput(
+                        out.token_ids,
+                        out.logprobs,
+                        out.finish_reason,
+                        self.policy_version,
+                        out.prompt_ids,
+                    )
+                yield out
+        except OSError as e:
+            raise PolicyError(f"the policy server's stream broke: {e}", 503) from e
+        finally:
+            response.close()
+        if not finished:
+            raise PolicyError("the policy server's stream ended before its finish reason")

@@ -95,6 +95,57 @@ class Renderer:
             ids = ids[:-1]
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
+    def decoder(self) -> IncrementalDecoder:
+        return IncrementalDecoder(self)
+
+    @property
+    def opens_reasoning(self) -> bool:
+        """Does the generation prompt open a ``<think>`` block for the model?"""
+        text = self._text([{"role": "user", "content": "."}], [], generation=True)
+        return text.rstrip().endswith("<think>")
+
     def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
         """Prompt tokens of a conversation (token counting endpoints)."""
         return len(self.encode(self._text(messages, tools, generation=True)))
+
+
+class IncrementalDecoder:
+    """A completion's text as its ids arrive: ``feed`` returns the text the new ids add,
+    holding back what cannot be written yet (a character whose bytes are split across
+    tokens, end-of-turn tokens that may be the last); ``finish`` the rest, so that all of
+    it is ``Renderer.decode`` of all the ids. Each step decodes a window of a few tokens,
+    not the whole completion."""
+
+    def __init__(self, renderer: Renderer) -> None:
+        self.renderer = renderer
+        self.ids: list[int] = []
+        self.written = ""
+        self._prefix = 0  # the window's start: ids already written, decoded for context
+        self._read = 0  # ids up to here are written
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.renderer.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def feed(self, new_ids: list[int]) -> str:
+        self.ids += new_ids
+        end = len(self.ids)
+        while end > self._read and self.ids[end - 1] in self.renderer.eos_ids:
+            end -= 1  # an end-of-turn token is written only once a token follows it
+        if end <= self._read:
+            return ""
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix : end])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # a character still split: wait for its next byte
+        delta = after[len(before) :]
+        self._prefix, self._read = self._read, end
+        self.written += delta
+        return delta
+
+    def finish(self) -> str:
+        whole = self.renderer.decode(self.ids)
+        if not whole.startswith(self.written):  # a tokenizer whose pieces do not add up
+            raise ValueError("the completion's text decoded piece by piece differs from whole")
+        rest = whole[len(self.written) :]
+        self.written = whole
+        return rest

@@ -2,21 +2,25 @@
 event stream (pure).
 
 ``Reply`` carries what the policy said and the ids the harness will send back; each
-``*_json`` gives the non-streaming body and each ``*_events`` the stream, as
-(event name, data) pairs that ``encode_sse`` writes out. Streams follow the order the
-providers document: Anthropic ``message_start`` ... ``message_stop``; Chat chunks then
-``data: [DONE]``; Responses ``response.created`` ... ``response.completed``.
+``*_json`` gives the non-streaming body. Streams are written by one encoder per API
+(``AnthropicStream``, ``ChatStream``, ``ResponsesStream``), fed as the completion is
+sampled: ``start`` before the first token, ``piece`` for each reasoning or text delta
+and each whole tool call (``completion.Piece``), ``end`` with the finished ``Reply``.
+Each returns (event name, data) pairs that ``encode_sse`` writes out (a WebSocket sends
+each data as one message). Streams follow the order the providers document: Anthropic
+``message_start`` ... ``message_stop``; Chat chunks then ``data: [DONE]``; Responses
+``response.created`` ... ``response.completed``. A whole reply streams through the same
+encoders (``events``), one piece per block.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from mitm_addon.serve.completion import ParsedCompletion
+from mitm_addon.serve.completion import ParsedCompletion, Piece, ToolCall
 
 # Anthropic thinking blocks carry a signature the API checks when they come back; the
 # policy has no key to sign with, so Forge marks its own blocks with this constant.
@@ -108,50 +112,112 @@ def anthropic_json(reply: Reply) -> dict[str, Any]:
     }
 
 
-def anthropic_events(reply: Reply) -> list[tuple[str | None, Any]]:
-    shell = anthropic_json(reply)
-    shell.update(content=[], stop_reason=None, usage=_anthropic_usage(reply, 1))
-    events: list[tuple[str | None, Any]] = [
-        ("message_start", {"type": "message_start", "message": shell})
-    ]
-    for index, block in enumerate(_anthropic_blocks(reply)):
-        kind = block["type"]
-        start: dict[str, Any]
-        if kind == "thinking":
-            start = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [
-                {"type": "thinking_delta", "thinking": block["thinking"]},
-                {"type": "signature_delta", "signature": block["signature"]},
-            ]
-        elif kind == "text":
-            start = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": block["text"]}]
-        else:
-            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            deltas = [{"type": "input_json_delta", "partial_json": _arguments(block["input"])}]
-        events.append(
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": index, "content_block": start},
-            )
+Event = tuple[str | None, Any]
+
+
+class StreamEncoder(Protocol):
+    """One API's event stream, written as the completion is sampled."""
+
+    def start(self) -> list[Event]: ...
+
+    def piece(self, piece: Piece) -> list[Event]: ...
+
+    def end(self, reply: Reply) -> list[Event]: ...
+
+
+def pieces(completion: ParsedCompletion) -> list[Piece]:
+    """A whole completion as the pieces a stream of it sends: one per block."""
+    out = [Piece("reasoning", completion.reasoning)] if completion.reasoning else []
+    if completion.text:
+        out.append(Piece("text", completion.text))
+    return out + [Piece("tool", call=call) for call in completion.tool_calls]
+
+
+def events(encoder: StreamEncoder, reply: Reply) -> list[Event]:
+    """The whole stream of a finished reply."""
+    out = encoder.start()
+    for piece in pieces(reply.completion):
+        out += encoder.piece(piece)
+    return out + encoder.end(reply)
+
+
+class AnthropicStream:
+    """Messages events: ``message_start``, content blocks (thinking, text, tool_use) each
+    started, given its deltas and stopped, ``message_delta``, ``message_stop``."""
+
+    def __init__(self, head: Reply) -> None:
+        self.head = head
+        self._index = -1  # the content block in progress
+        self._open: str | None = None  # its type
+        self._calls = 0
+
+    def start(self) -> list[Event]:
+        shell = anthropic_json(self.head)
+        shell.update(content=[], stop_reason=None, usage=_anthropic_usage(self.head, 1))
+        return [("message_start", {"type": "message_start", "message": shell})]
+
+    def _block(self, kind: str, block: dict[str, Any]) -> list[Event]:
+        out = self._close()
+        self._index += 1
+        self._open = kind
+        data = {"type": "content_block_start", "index": self._index, "content_block": block}
+        return out + [("content_block_start", data)]
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        data = {"type": "content_block_delta", "index": self._index, "delta": delta}
+        return ("content_block_delta", data)
+
+    def _close(self) -> list[Event]:
+        if self._open is None:
+            return []
+        out = []
+        if self._open == "thinking":
+            out.append(self._delta({"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+        self._open = None
+        stop = {"type": "content_block_stop", "index": self._index}
+        return out + [("content_block_stop", stop)]
+
+    def piece(self, piece: Piece) -> list[Event]:
+        out: list[Event] = []
+        if piece.kind == "reasoning":
+            if self._open != "thinking":
+                out += self._block(
+                    "thinking", {"type": "thinking", "thinking": "", "signature": ""}
+                )
+            return out + [self._delta({"type": "thinking_delta", "thinking": piece.text})]
+        if piece.kind == "text":
+            if self._open != "text":
+                out += self._block("text", {"type": "text", "text": ""})
+            return out + [self._delta({"type": "text_delta", "text": piece.text})]
+        call = _call(piece)
+        start = {
+            "type": "tool_use",
+            "id": self.head.tool_call_id(self._calls, "toolu_"),
+            "name": call.name,
+            "input": {},
+        }
+        self._calls += 1
+        out += self._block("tool_use", start)
+        out.append(
+            self._delta({"type": "input_json_delta", "partial_json": _arguments(call.arguments)})
         )
-        events += [
-            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
-            for d in deltas
+        return out + self._close()
+
+    def end(self, reply: Reply) -> list[Event]:
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": _anthropic_stop(reply), "stop_sequence": None},
+            "usage": {"output_tokens": reply.output_tokens},
+        }
+        return self._close() + [
+            ("message_delta", delta),
+            ("message_stop", {"type": "message_stop"}),
         ]
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": _anthropic_stop(reply), "stop_sequence": None},
-                "usage": {"output_tokens": reply.output_tokens},
-            },
-        )
-    )
-    events.append(("message_stop", {"type": "message_stop"}))
-    return events
+
+
+def _call(piece: Piece) -> ToolCall:
+    assert piece.call is not None, "a tool piece carries its call"
+    return piece.call
 
 
 # -- OpenAI Chat Completions -----------------------------------------------------------
@@ -205,41 +271,56 @@ def chat_json(reply: Reply) -> dict[str, Any]:
     }
 
 
-def chat_events(reply: Reply, include_usage: bool) -> list[tuple[str | None, Any]]:
-    c = reply.completion
+class ChatStream:
+    """Chat Completions chunks: the role, content and reasoning deltas, each tool call (its
+    head, then its arguments), the finish reason, usage when asked, ``[DONE]``."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[str | None, Any]:
+    def __init__(self, head: Reply, include_usage: bool) -> None:
+        self.head = head
+        self.include_usage = include_usage
+        self._calls = 0
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> Event:
+        head = self.head
         return (
             None,
             {
-                "id": f"chatcmpl-{reply.call_id}",
+                "id": f"chatcmpl-{head.call_id}",
                 "object": "chat.completion.chunk",
-                "created": reply.created,
-                "model": reply.model,
+                "created": head.created,
+                "model": head.model,
                 "choices": [
                     {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
                 ],
             },
         )
 
-    events = [chunk({"role": "assistant", "content": ""})]
-    if c.reasoning is not None:
-        events.append(chunk({"reasoning_content": c.reasoning}))
-    if c.text:
-        events.append(chunk({"content": c.text}))
-    for i, call in enumerate(_chat_tool_calls(reply)):
-        head = {"index": i, "id": call["id"], "type": "function"}
-        head["function"] = {"name": call["function"]["name"], "arguments": ""}
-        events.append(chunk({"tool_calls": [head]}))
-        arguments = {"index": i, "function": {"arguments": call["function"]["arguments"]}}
-        events.append(chunk({"tool_calls": [arguments]}))
-    events.append(chunk({}, _chat_finish(reply)))
-    if include_usage:
-        name, data = chunk({})
-        data.update(choices=[], usage=_chat_usage(reply))
-        events.append((name, data))
-    events.append((None, "[DONE]"))
-    return events
+    def start(self) -> list[Event]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def piece(self, piece: Piece) -> list[Event]:
+        if piece.kind == "reasoning":
+            return [self._chunk({"reasoning_content": piece.text})]
+        if piece.kind == "text":
+            return [self._chunk({"content": piece.text})]
+        call, i = _call(piece), self._calls
+        self._calls += 1
+        head = {
+            "index": i,
+            "id": self.head.tool_call_id(i, "call_"),
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        arguments = {"index": i, "function": {"arguments": _arguments(call.arguments)}}
+        return [self._chunk({"tool_calls": [head]}), self._chunk({"tool_calls": [arguments]})]
+
+    def end(self, reply: Reply) -> list[Event]:
+        out = [self._chunk({}, _chat_finish(reply))]
+        if self.include_usage:
+            name, data = self._chunk({})
+            data.update(choices=[], usage=_chat_usage(reply))
+            out.append((name, data))
+        return out + [(None, "[DONE]")]
 
 
 # -- OpenAI Responses ------------------------------------------------------------------
@@ -310,102 +391,188 @@ def responses_json(reply: Reply, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def responses_events(reply: Reply, request: dict[str, Any]) -> list[tuple[str | None, Any]]:
-    final = responses_json(reply, request)
-    shell = dict(final, status="in_progress", output=[], usage=None, incomplete_details=None)
-    raw: list[dict[str, Any]] = [
-        {"type": "response.created", "response": shell},
-        {"type": "response.in_progress", "response": shell},
-    ]
-    for n, item in enumerate(final["output"]):
-        raw += list(_item_events(n, item))
-    terminal = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    raw.append({"type": terminal, "response": final})
-    return [(e["type"], dict(e, sequence_number=i)) for i, e in enumerate(raw)]
+class ResponsesStream:
+    """Responses events: ``response.created`` and ``in_progress``, each output item
+    (reasoning, message, function call) added, given its deltas and done, then
+    ``response.completed`` (``response.incomplete`` when cut off) with those items."""
 
+    def __init__(self, head: Reply, request: dict[str, Any]) -> None:
+        self.head = head
+        self.request = request
+        self._seq = 0
+        self._items: list[dict[str, Any]] = []  # the output items done
+        self._open: dict[str, Any] | None = None  # the item in progress
+        self._texts: list[str] = []  # its text so far
+        self._calls = 0
 
-def _item_events(n: int, item: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    where = {"output_index": n, "item_id": item["id"]}
-    kind = item["type"]
-    if kind == "reasoning":
-        yield {
-            "type": "response.output_item.added",
-            "output_index": n,
-            "item": dict(item, summary=[]),
+    def _event(self, data: dict[str, Any]) -> Event:
+        data["sequence_number"] = self._seq
+        self._seq += 1
+        return (data["type"], data)
+
+    def start(self) -> list[Event]:
+        shell = responses_json(self.head, self.request)
+        shell.update(status="in_progress", output=[], usage=None, incomplete_details=None)
+        return [
+            self._event({"type": "response.created", "response": shell}),
+            self._event({"type": "response.in_progress", "response": dict(shell)}),
+        ]
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"output_index": len(self._items), "item_id": self._open["id"]}
+
+    def _add(self, item: dict[str, Any], shown: dict[str, Any]) -> list[Event]:
+        out = self._close()
+        self._open, self._texts = item, []
+        added = {"type": "response.output_item.added", "output_index": len(self._items)}
+        return out + [self._event(dict(added, item=shown))]
+
+    def _close(self) -> list[Event]:
+        item = self._open
+        if item is None:
+            return []
+        text = "".join(self._texts)
+        where = self._where()
+        out: list[Event] = []
+        if item["type"] == "reasoning":
+            part: dict[str, Any] = {"type": "summary_text", "text": text}
+            item["summary"] = [part]
+            at = dict(where, summary_index=0)
+            out += [
+                self._event({"type": "response.reasoning_summary_text.done", **at, "text": text}),
+                self._event({"type": "response.reasoning_summary_part.done", **at, "part": part}),
+            ]
+        elif item["type"] == "message":
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item["content"] = [part]
+            at = dict(where, content_index=0)
+            out += [
+                self._event({"type": "response.output_text.done", **at, "text": text}),
+                self._event({"type": "response.content_part.done", **at, "part": part}),
+            ]
+        done = {"type": "response.output_item.done", "output_index": len(self._items), "item": item}
+        out.append(self._event(done))
+        self._items.append(item)
+        self._open = None
+        return out
+
+    def piece(self, piece: Piece) -> list[Event]:
+        out: list[Event] = []
+        open_kind = self._open["type"] if self._open is not None else None
+        if piece.kind == "reasoning":
+            if open_kind != "reasoning":
+                item = {"type": "reasoning", "id": f"rs_{self.head.call_id}", "summary": []}
+                out += self._add(item, dict(item))
+                part = {"type": "summary_text", "text": ""}
+                at = dict(self._where(), summary_index=0)
+                out.append(
+                    self._event(
+                        {"type": "response.reasoning_summary_part.added", **at, "part": part}
+                    )
+                )
+            self._texts.append(piece.text)
+            at = dict(self._where(), summary_index=0)
+            return out + [
+                self._event(
+                    {"type": "response.reasoning_summary_text.delta", **at, "delta": piece.text}
+                )
+            ]
+        if piece.kind == "text":
+            if open_kind != "message":
+                out += self._message()
+            self._texts.append(piece.text)
+            at = dict(self._where(), content_index=0)
+            return out + [
+                self._event({"type": "response.output_text.delta", **at, "delta": piece.text})
+            ]
+        call, i = _call(piece), self._calls
+        self._calls += 1
+        item = {
+            "type": "function_call",
+            "id": f"fc_{self.head.call_id}_{i}",
+            "call_id": self.head.tool_call_id(i, "call_"),
+            "name": call.name,
+            "arguments": _arguments(call.arguments),
+            "status": "completed",
         }
-        for s, part in enumerate(item["summary"]):
-            yield {
-                "type": "response.reasoning_summary_part.added",
-                **where,
-                "summary_index": s,
-                "part": {"type": "summary_text", "text": ""},
-            }
-            yield {
-                "type": "response.reasoning_summary_text.delta",
-                **where,
-                "summary_index": s,
-                "delta": part["text"],
-            }
-            yield {
-                "type": "response.reasoning_summary_text.done",
-                **where,
-                "summary_index": s,
-                "text": part["text"],
-            }
-            yield {
-                "type": "response.reasoning_summary_part.done",
-                **where,
-                "summary_index": s,
-                "part": part,
-            }
-    elif kind == "message":
+        out += self._add(item, dict(item, status="in_progress", arguments=""))
+        where = self._where()
+        out += [
+            self._event(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    **where,
+                    "delta": item["arguments"],
+                }
+            ),
+            self._event(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                }
+            ),
+        ]
+        return out + self._close()
+
+    def _message(self) -> list[Event]:
+        item: dict[str, Any] = {
+            "type": "message",
+            "id": f"msg_{self.head.call_id}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [],
+        }
+        out = self._add(item, dict(item, status="in_progress"))
         empty = {"type": "output_text", "text": "", "annotations": []}
-        yield {
-            "type": "response.output_item.added",
-            "output_index": n,
-            "item": dict(item, status="in_progress", content=[]),
-        }
-        for p, part in enumerate(item["content"]):
-            at = {**where, "content_index": p}
-            yield {"type": "response.content_part.added", **at, "part": empty}
-            if part["text"]:
-                yield {"type": "response.output_text.delta", **at, "delta": part["text"]}
-            yield {"type": "response.output_text.done", **at, "text": part["text"]}
-            yield {"type": "response.content_part.done", **at, "part": part}
-    else:
-        yield {
-            "type": "response.output_item.added",
-            "output_index": n,
-            "item": dict(item, status="in_progress", arguments=""),
-        }
-        yield {
-            "type": "response.function_call_arguments.delta",
-            **where,
-            "delta": item["arguments"],
-        }
-        yield {
-            "type": "response.function_call_arguments.done",
-            **where,
-            "arguments": item["arguments"],
-        }
-    yield {"type": "response.output_item.done", "output_index": n, "item": item}
+        at = dict(self._where(), content_index=0)
+        return out + [self._event({"type": "response.content_part.added", **at, "part": empty})]
+
+    def end(self, reply: Reply) -> list[Event]:
+        out = self._close()
+        if not any(item["type"] in ("message", "function_call") for item in self._items):
+            out += self._message() + self._close()  # a reply says something, if only ""
+        final = responses_json(reply, self.request)
+        final["output"] = self._items
+        terminal = (
+            "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        )
+        return out + [self._event({"type": terminal, "response": final})]
+
+
+def prewarm_events(head: Reply, request: dict[str, Any]) -> list[Event]:
+    """A Responses call with ``generate: false`` (Codex warming the cache): created and
+    completed, with no output."""
+    stream = ResponsesStream(head, request)
+    final = responses_json(head, request)
+    final["output"] = []
+    return stream.start() + [stream._event({"type": "response.completed", "response": final})]
+
+
+def encoder(api: str, head: Reply, request: dict[str, Any]) -> StreamEncoder:
+    """The stream encoder of ``api`` for a reply whose head (ids, model, prompt size) is
+    ``head``; raises ValueError for an API without one."""
+    if api == "anthropic_messages":
+        return AnthropicStream(head)
+    if api == "openai_chat":
+        options = request.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        return ChatStream(head, usage)
+    if api == "openai_responses":
+        return ResponsesStream(head, request)
+    raise ValueError(f"no reply builder for api {api!r}")
 
 
 def build(api: str, reply: Reply, stream: bool, request: dict[str, Any]) -> tuple[str, bytes]:
-    """(content type, body) of the reply to a call of ``api``."""
+    """(content type, body) of the reply to a call of ``api``, whole."""
+    if stream:
+        return "text/event-stream", encode_sse(events(encoder(api, reply, request), reply))
     if api == "anthropic_messages":
-        if stream:
-            return "text/event-stream", encode_sse(anthropic_events(reply))
         body: dict[str, Any] = anthropic_json(reply)
     elif api == "openai_chat":
-        if stream:
-            options = request.get("stream_options")
-            usage = isinstance(options, dict) and options.get("include_usage") is True
-            return "text/event-stream", encode_sse(chat_events(reply, usage))
         body = chat_json(reply)
     elif api == "openai_responses":
-        if stream:
-            return "text/event-stream", encode_sse(responses_events(reply, request))
         body = responses_json(reply, request)
     else:
         raise ValueError(f"no reply builder for api {api!r}")

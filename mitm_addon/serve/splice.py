@@ -202,9 +202,12 @@ class SpliceStore:
         call: ServedCall,
         response_id: str | None = None,
         keys: Keys | None = None,
+        instructions: int = 0,
     ) -> None:
         """Remember a served call; ``messages`` ends with the reply as the harness got it.
-        ``keys``: those of ``messages`` without the reply (the plan's), if worked out."""
+        ``keys``: those of ``messages`` without the reply (the plan's), if worked out.
+        ``response_id``: the Responses id a later call may continue from, whose history
+        leaves out the ``instructions`` leading messages."""
         if keys is None:
             keys = Keys.of(messages[:-1], tools)
         strict, loose, stable = keys.then(messages[-1])
@@ -215,10 +218,15 @@ class SpliceStore:
                 table.move_to_end(key)
                 while len(table) > self.max_calls:
                     table.popitem(last=False)
-            if response_id is not None:
-                self._histories[response_id] = [dict(m) for m in messages]
-                while len(self._histories) > self.max_calls:
-                    self._histories.popitem(last=False)
+        if response_id is not None:
+            self.add_history(response_id, messages[instructions:])
+
+    def add_history(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        """Remember the conversation a Responses call ended, for ``previous_response_id``."""
+        with self._lock:
+            self._histories[response_id] = [dict(m) for m in messages]
+            while len(self._histories) > self.max_calls:
+                self._histories.popitem(last=False)
 
     def history(self, response_id: str) -> list[dict[str, Any]] | None:
         """The conversation a served Responses call ended (for ``previous_response_id``)."""

@@ -1,6 +1,7 @@
 """Token-in, token-out generation with transformers, one request at a time.
 
-``Engine.generate`` samples a completion for a prompt given as token ids and records,
+``Engine.generate`` samples a completion for a prompt given as token ids (``Engine.stream``
+yields it token by token) and records,
 for each sampled token, its logprob under the model's raw distribution
 (``log_softmax(logits)``, before temperature and top-p: the quantity a trainer
 recomputes, and what vLLM returns by default). ``logprobs_of`` is that recomputation:
@@ -10,6 +11,7 @@ one forward pass over prompt + completion.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,17 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One sampled token; ``finish_reason`` is set on the last."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+    finish_reason: str | None = None
+    stop_reason: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,24 @@ class Engine:
         self._lock = threading.Lock()  # one generation or weight swap at a time
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
+        last: Step | None = None
+        for last in self.stream(prompt_ids, params):
+            tokens.append(last.token_id)
+            logprobs.append(last.logprob)
+            if params.top_logprobs > 0:
+                tops.append(last.top_logprobs)
+        assert last is not None and last.finish_reason is not None
+        return Generation(
+            tokens, logprobs, last.finish_reason, last.stop_reason, self.version, tops
+        )
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
+        """The completion token by token (at least one; the last has its finish reason).
+        The checks run at the call; the engine is held until the iterator is exhausted
+        or closed."""
         if not prompt_ids:
             raise EngineError("the prompt is empty")
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
@@ -113,10 +144,13 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {len(prompt_ids)} and max_tokens asks for {params.max_tokens}"
             )
-        with self._lock, torch.no_grad():
-            return self._generate(prompt_ids, params)
+        return self._locked(prompt_ids, params)
 
-    def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    def _locked(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
+        with self._lock, torch.no_grad():
+            yield from self._sample(prompt_ids, params)
+
+    def _sample(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
         generator = torch.Generator(device="cpu")
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -128,32 +162,30 @@ class Engine:
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         past = out.past_key_values
         logits = out.logits[0, -1].float().cpu()  # (V,)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        finish, stop_reason = "length", None
-        for _ in range(params.max_tokens):
+        for n in range(params.max_tokens):
             scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
             if params.temperature <= 0:
                 token = int(torch.argmax(logits))
             else:
                 token = sample(torch.softmax(_filter(logits, params), dim=-1), generator)
-            tokens.append(token)
-            logprobs.append(float(scores[token]))
+            top: list[tuple[int, float]] = []
             if params.top_logprobs > 0:
                 best = torch.topk(scores, params.top_logprobs)
-                tops.append(list(zip(best.indices.tolist(), best.values.tolist(), strict=True)))
+                top = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+            finish, stop_reason = None, None
             if token in self.eos_ids and not params.ignore_eos:
                 finish = "stop"
-                break
-            if token in params.stop_token_ids:
+            elif token in params.stop_token_ids:
                 finish, stop_reason = "stop", token
-                break
+            elif n == params.max_tokens - 1:
+                finish = "length"
+            yield Step(token, float(scores[token]), top, finish, stop_reason)
+            if finish is not None:
+                return
             step = torch.tensor([[token]], dtype=torch.long, device=self.device)
             out = self.model(input_ids=step, past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = out.logits[0, -1].float().cpu()
-        return Generation(tokens, logprobs, finish, stop_reason, self.version, tops)
 
     def load_weights(self, path: Path, version: int) -> None:
         """Replace the weights with those saved in ``path`` (same architecture), after the

@@ -8,8 +8,12 @@ Routes (vLLM's shapes where vLLM has the route):
 * ``POST /v1/completions``: ``prompt`` as a list of token ids (or a text);
   ``return_token_ids`` adds ``prompt_token_ids`` and ``token_ids`` to the choice,
   ``logprobs: N`` the OpenAI legacy logprobs object (``tokens`` as ``token_id:ID`` with
-  ``return_tokens_as_token_ids``). Non-streaming only. The response also carries
-  ``policy_version``, the version of the weights that produced it.
+  ``return_tokens_as_token_ids``). The response also carries ``policy_version``, the
+  version of the weights that produced it. With ``stream: true`` the answer is vLLM's
+  event stream, one ``data:`` chunk per sampled token as it is sampled (its
+  ``token_ids``, ``logprobs`` and text; ``prompt_token_ids`` on the first, the finish
+  reason on the last, ``usage`` after it when ``stream_options.include_usage``), then
+  ``data: [DONE]``.
 * Forge's own, for the training loop: ``POST /pause``, ``POST /resume``,
   ``GET /is_paused``, ``POST /load_weights`` (``{"path": DIR, "version": N}``).
 
@@ -22,20 +26,21 @@ A weight load waits for the queue ahead of it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from rl.policy.engine import Engine, EngineError, Generation, SamplingParams
+from rl.policy.engine import Engine, EngineError, Generation, SamplingParams, Step
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +150,103 @@ class PolicyService:
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt_ids, params, options = self._parse_completion(body)
+        self._admit()
+        generation = self._run(lambda: self.engine.generate(prompt_ids, params))
+        return self._completion_body(prompt_ids, generation, options)
+
+    def stream_completions(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The chunks of a streamed completion, each as its token is sampled. Checks run
+        before the first is returned (an HttpError then is the whole answer); closing the
+        iterator early stops the sampling after the token in progress."""
+        prompt_ids, params, options = self._parse_completion(dict(body, stream=False))
+        self._admit()
+        steps: queue.Queue[Step | BaseException | None] = queue.Queue()
+        stopped = threading.Event()
+        version: list[int] = []  # the weights' version, read where loads run (the worker)
+
+        def job() -> None:
+            version.append(self.engine.version)
+            try:
+                for step in self.engine.stream(prompt_ids, params):
+                    steps.put(step)
+                    if stopped.is_set():
+                        break
+            except BaseException as e:  # handed to the request thread
+                steps.put(e)
+            steps.put(None)
+
+        self.worker.submit(job)
+        first = steps.get()
+        if isinstance(first, EngineError):
+            raise HttpError(400, str(first))
+        return self._chunks(prompt_ids, version[0], first, steps, stopped, options, body)
+
+    def _chunks(
+        self,
+        prompt_ids: list[int],
+        version: int,
+        first: Step | BaseException | None,
+        steps: queue.Queue[Step | BaseException | None],
+        stopped: threading.Event,
+        options: dict[str, Any],
+        body: dict[str, Any],
+    ) -> Iterator[dict[str, Any]]:
+        chunk_id, created, version = (
+            f"cmpl-{uuid.uuid4().hex}",
+            int(time.time()),
+            self.engine.version,
+        )
+        sampled = 0
+        item = first
+        try:
+            while item is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                g = Generation(
+                    [item.token_id],
+                    [item.logprob],
+                    item.finish_reason or "",
+                    item.stop_reason,
+                    version,
+                    [item.top_logprobs] if item.top_logprobs else [],
+                )
+                choice = self._choice(g, options, prompt_ids if sampled == 0 else None)
+                choice["finish_reason"] = item.finish_reason
+                sampled += 1
+                yield {
+                    "id": chunk_id,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [choice],
+                    "policy_version": version,
+                }
+                item = steps.get()
+        finally:
+            stopped.set()
+        usage = body.get("stream_options")
+        if isinstance(usage, dict) and usage.get("include_usage") is True:
+            yield {
+                "id": chunk_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self.model_name,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": sampled,
+                    "total_tokens": len(prompt_ids) + sampled,
+                },
+                "policy_version": version,
+            }
+
+    def _admit(self) -> None:
         if not self.gate.admit(self.settings.pause_wait_s):
             raise HttpError(
                 HTTPStatus.TOO_MANY_REQUESTS,
                 "the policy server is paused for a weight update; retry later",
                 {"Retry-After": "1"},
             )
-        generation = self._run(lambda: self.engine.generate(prompt_ids, params))
-        return self._completion_body(prompt_ids, generation, options)
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         path, version = body.get("path"), body.get("version")
@@ -181,8 +275,6 @@ class PolicyService:
     def _parse_completion(
         self, body: dict[str, Any]
     ) -> tuple[list[int], SamplingParams, dict[str, Any]]:
-        if body.get("stream"):
-            raise HttpError(400, "stream is not supported by Forge's embedded policy server")
         if body.get("n", 1) != 1 or body.get("echo"):
             raise HttpError(400, "only n=1 without echo is supported")
         model = body.get("model")
@@ -244,9 +336,10 @@ class PolicyService:
             return f"token_id:{token_id}"
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
 
-    def _completion_body(
-        self, prompt_ids: list[int], g: Generation, options: dict[str, Any]
+    def _choice(
+        self, g: Generation, options: dict[str, Any], prompt_ids: list[int] | None
     ) -> dict[str, Any]:
+        """One choice in vLLM's shape; ``prompt_ids`` where the prompt is echoed."""
         text = self.tokenizer.decode(
             g.token_ids, skip_special_tokens=options["skip_special_tokens"]
         )
@@ -281,12 +374,17 @@ class PolicyService:
                 "tokens": tokens,
                 "top_logprobs": top,
             }
+        return choice
+
+    def _completion_body(
+        self, prompt_ids: list[int], g: Generation, options: dict[str, Any]
+    ) -> dict[str, Any]:
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [choice],
+            "choices": [self._choice(g, options, prompt_ids)],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(g.token_ids),
@@ -354,9 +452,44 @@ def _handler(service: PolicyService) -> type[BaseHTTPRequestHandler]:
                 route = routes.get(path)
                 if route is None:
                     raise HttpError(404, f"no route POST {path}")
-                self._send(200, route(self._body()))
+                body = self._body()
+                if path == "/v1/completions" and body.get("stream") is True:
+                    self._stream(service.stream_completions(body))
+                else:
+                    self._send(200, route(body))
             except HttpError as e:
                 self._error(e)
+
+        def _stream(self, chunks: Iterator[dict[str, Any]]) -> None:
+            """Server-sent events, one HTTP chunk each, written as they come."""
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+
+            def write(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            try:
+                for chunk in chunks:
+                    write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                write(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client left: sampling stops (close)
+            except Exception as e:  # the stream has begun: say so in it, then end it
+                log.exception("policy: a streamed completion failed")
+                error = {"error": {"message": str(e), "type": type(e).__name__, "code": 500}}
+                with contextlib.suppress(OSError):
+                    write(b"data: " + json.dumps(error).encode() + b"\n\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                self.close_connection = True
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()
 
     return Handler
 

@@ -50,6 +50,16 @@ def test_codex_over_http_tool_turns_are_one_clean_chain(
     assert_one_agent_served_exactly(got.calls, ["CLEAN"] * TURNS)
 
 
+def test_codex_over_its_websocket_is_served_and_its_tool_turns_are_one_clean_chain(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """Codex's built-in provider speaks the Responses API over a WebSocket: each
+    response.create on it is answered by the policy, none refused or sent on."""
+    got = served("codex-websocket", tmp_path, confdir, tiny_models)
+    assert {(c["api"], c["transport"]) for c in got.calls} == {("openai_responses", "websocket")}
+    assert_one_agent_served_exactly(got.calls, ["CLEAN"] * TURNS)
+
+
 def test_the_toy_harness_drops_reasoning_so_its_continuations_realign(
     tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
 ) -> None:

@@ -66,6 +66,9 @@ def serve(
     for c in calls:
         assert c["status"] == "complete", (c["status"], c["error"])
         assert c["upstream_url"] == policy.base_url  # no provider was contacted
+        if c["prewarm"]:  # Codex's generate:false warm-up: answered, nothing sampled
+            assert (c["drift"], c["completion_ids"], c["output_tokens"]) == (None, None, 0)
+            continue
         assert (
             c["completion_ids"] and c["prompt_ids"] and c["drift"] in ("CLEAN", "REALIGN", "FORK")
         )
@@ -91,13 +94,21 @@ def test_claude_code_in_serve_mode_ends_cleanly_with_every_call_served(
 @pytest.mark.skipif(
     not harnesses.codex_available(), reason=harnesses.unavailable_reason("codex") or ""
 )
+@pytest.mark.parametrize(
+    ("extra", "transport"),
+    [((), "websocket"), (("--set", "forge_refuse_websocket=true"), "sse")],
+    ids=["websocket", "refused-websocket"],
+)
 def test_codex_in_serve_mode_ends_cleanly_with_every_call_served(
-    tmp_path: Path, confdir: Path, policy: Any
+    tmp_path: Path, confdir: Path, policy: Any, extra: tuple[str, ...], transport: str
 ) -> None:
+    """Codex's built-in provider opens the Responses WebSocket, which serve mode answers;
+    refused with 426 (forge_refuse_websocket), Codex falls back to HTTP and SSE."""
     spec = harnesses.codex_command(
         TASK, workdir=tmp_path / "work", home=tmp_path / "home", proxy_url=None, ca_cert=None,
         api_key=OPENAI_KEY,
     )  # fmt: skip
-    calls = serve(tmp_path, confdir, spec, policy)
-    # The WebSocket upgrade is refused with 426 in serve mode; Codex falls back to SSE.
-    assert {(c["api"], c["transport"]) for c in calls} == {("openai_responses", "sse")}
+    calls = serve(tmp_path, confdir, spec, policy, *extra)
+    assert {(c["api"], c["transport"]) for c in calls} == {("openai_responses", transport)}
+    # Over its socket Codex first warms the cache (generate: false); over HTTP it does not.
+    assert [c["prewarm"] for c in calls] == ([True, False] if transport == "websocket" else [False])

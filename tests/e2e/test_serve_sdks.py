@@ -4,6 +4,8 @@ embedded policy server running a tiny Qwen3 model; no provider is contacted."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from tests.support.forge_proxy import (
     openai_client,
 )
 from tests.support.policy import policy_server
+from tests.support.serve_runs import scripted_policy as scripted_policy_server
 from tests.support.serve_runs import serve_settings
 
 pytestmark = pytest.mark.slow  # a tiny model sampled on two shared cores: seconds per call
@@ -196,3 +199,87 @@ def test_every_api_is_answered_by_the_policy_and_recorded_with_its_tokens(
     else:
         whole = first["prompt_ids"] + first["completion_ids"]
         assert second["prompt_ids"][: len(whole)] == whole  # spliced, token for token
+
+
+@pytest.fixture(scope="module")
+def talking(
+    tmp_path_factory: pytest.TempPathFactory, confdir: Path, tiny_models: tuple[Path, Path]
+) -> Iterator[tuple[RunningProxy, Any]]:
+    """A proxy serving a policy scripted to answer in words, not a tool call."""
+    tmp = tmp_path_factory.mktemp("talking")
+    with scripted_policy_server(tiny_models[0], tmp, "Hello there, my good friend!") as policy:
+        extra = serve_settings(policy.base_url, tmp / "model")
+        with forge_proxy(tmp / "run", confdir, {}, extra=extra) as proxy:
+            yield proxy, policy
+
+
+def first_text_then_rest(api: str, client: Any, seen: threading.Event) -> str:
+    """Stream one reply with the API's SDK; ``seen`` is set at its first text delta."""
+    text: list[str] = []
+    messages = [{"role": "user", "content": "hi"}]
+    if api == "anthropic_messages":
+        with client.messages.stream(model="m", max_tokens=32, messages=messages) as s:
+            for event in s:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    seen.set()
+                    text.append(event.delta.text)
+    elif api == "openai_chat":
+        for chunk in client.chat.completions.create(model="m", messages=messages, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen.set()
+                text.append(chunk.choices[0].delta.content)
+    else:
+        for event in client.responses.create(model="m", input=messages, stream=True):
+            if event.type == "response.output_text.delta":
+                seen.set()
+                text.append(event.delta)
+    return "".join(text)
+
+
+@pytest.mark.parametrize("api", list(RUNNERS))
+def test_a_streamed_reply_reaches_the_harness_while_the_policy_is_still_sampling(
+    talking: tuple[RunningProxy, Any], api: str
+) -> None:
+    """The policy is held after its second token until the harness has read a text
+    delta: a proxy that sent the reply whole would keep it waiting (and fail here)."""
+    proxy, policy = talking
+    engine = policy.service.engine
+    stream, seen, held = engine.stream, threading.Event(), []
+
+    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
+        for n, step in enumerate(stream(prompt_ids, params)):
+            yield step
+            if n == 1:
+                held.append(seen.wait(30))
+
+    engine.stream = gated
+    try:
+        with RUNNERS[api][0](proxy) as client:
+            text = first_text_then_rest(api, client, seen)
+    finally:
+        del engine.stream
+    assert held == [True]
+    assert text == "Hello there, my good friend!"
+
+
+def test_a_policy_server_that_is_down_gets_the_apis_error_and_the_call_is_recorded(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    import anthropic
+
+    out = tmp_path / "run"
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    settings = serve_settings(dead, tiny_models[1])
+    with (
+        forge_proxy(out, confdir, {}, extra=settings) as proxy,
+        anthropic_client(proxy) as client,
+        pytest.raises(anthropic.APIStatusError) as e,
+    ):
+        client.messages.create(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert e.value.status_code == 503 and "policy server" in str(e.value)
+    [row] = rows(out, "claude-x", 1)
+    assert row["status_code"] == 503 and row["drift"] is None

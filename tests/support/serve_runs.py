@@ -79,7 +79,8 @@ def scripted_policy(random_model: Path, tmp: Path, reply: str) -> Iterator[Any]:
     shutil.copytree(random_model, model)
     script_reply(model, reply)
     with policy_server(model) as server:
-        generate = server.service.engine.generate
+        engine = server.service.engine
+        generate, stream = engine.generate, engine.stream
         server.served = 0
 
         def counting(prompt_ids: list[int], params: Any) -> Any:
@@ -87,7 +88,11 @@ def scripted_policy(random_model: Path, tmp: Path, reply: str) -> Iterator[Any]:
             server.served += 1
             return out
 
-        server.service.engine.generate = counting
+        def counting_stream(prompt_ids: list[int], params: Any) -> Any:
+            yield from stream(prompt_ids, params)
+            server.served += 1
+
+        engine.generate, engine.stream = counting, counting_stream
         yield server
 
 
@@ -256,6 +261,19 @@ def _codex_http(policy: Any, tmp: Path, confdir: Path) -> Served:
     return Served(code, output, calls[:TURNS])
 
 
+def _codex_websocket(policy: Any, tmp: Path, confdir: Path) -> Served:
+    """Codex's built-in provider: the Responses API over a WebSocket, which serve mode
+    answers (``mitm_addon/serve/endpoint.py``)."""
+    spec = harnesses.codex_command(
+        "append hi to out.txt", workdir=tmp / "work", home=tmp / "home", proxy_url=None,
+        ca_cert=None, api_key=OPENAI_KEY, transport="websocket",
+    )  # fmt: skip
+    code, output, calls = record_serve(tmp, confdir, spec, policy, stop_after=TURNS + 1)
+    # Its first message warms the cache (generate: false): answered, never sampled.
+    assert [(c["prewarm"], c["drift"]) for c in calls[:1]] == [(True, None)]
+    return Served(code, output, calls[1 : TURNS + 1])
+
+
 def _toy(policy: Any, tmp: Path, confdir: Path) -> Served:
     work = tmp / "work"
     work.mkdir(exist_ok=True)
@@ -399,6 +417,9 @@ HARNESS_RUNS: dict[str, HarnessServe] = {
     ),
     "codex-http": HarnessServe(
         "codex-http", EXEC, _codex_http, lambda: harnesses.unavailable_reason("codex")
+    ),
+    "codex-websocket": HarnessServe(
+        "codex-websocket", EXEC, _codex_websocket, lambda: harnesses.unavailable_reason("codex")
     ),
     "opencode": HarnessServe("opencode", OPENCODE_BASH, _opencode, lambda: _missing(OPENCODE)),
     "openclaw": HarnessServe(

@@ -60,12 +60,12 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
         }
         served = llm_flow("api.anthropic.com", "/v1/messages", json.dumps(body).encode())
         a.request(served)
-        # Held for the policy, recorded; the policy (nothing listens on port 9) cannot be
-        # reached, and the harness is told so in the API's own error shape.
+        # Recorded, and rerouted to serve mode's own endpoint, never to the provider (the
+        # e2e tests follow it there).
         assert state_of(served).route is Route.SERVED and state_of(served).capture is not None
-        assert served.response is not None and served.response.status_code == 503
-        assert json.loads(served.response.content)["type"] == "error"
-        assert served.request.host == "api.anthropic.com"  # never sent to the provider
+        port = a.serving.endpoint.port
+        assert (served.request.host, served.request.port) == ("127.0.0.1", port)
+        assert served.request.path.startswith("/call/") and served.response is None
         other = llm_flow(
             "api.anthropic.com", "/v1/messages", json.dumps(dict(body, model="gpt-x")).encode()
         )
@@ -76,6 +76,7 @@ def test_served_calls_are_held_for_the_policy_and_other_models_pass_through(
         ws.request.method = "GET"
         ws.request.headers["upgrade"] = "websocket"
         a.request(ws)
+        # A socket's calls each name their model: with forge_serve_models set, HTTP it is.
         assert ws.response is not None and ws.response.status_code == 426
 
 

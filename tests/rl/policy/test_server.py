@@ -102,11 +102,76 @@ def test_bad_completion_requests_get_a_clear_400(server: Any) -> None:
     for body, words in [
         ({"prompt": [], "max_tokens": 1}, "non-empty list"),
         ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
-        ({"prompt": PROMPT, "stream": True}, "stream"),
         ({"prompt": [10**9]}, "token ids must lie"),
+        ({"prompt": [10**9], "stream": True}, "token ids must lie"),
     ]:
         status, out, _ = call(server.base_url, "POST", "/v1/completions", body)
         assert status == 400 and words in out["error"]["message"], out
+
+
+def stream_events(base: str, body: dict[str, Any], on_first: Any = None) -> list[Any]:
+    """The data of each server-sent event of a streamed completion; ``on_first`` runs when
+    the first has arrived."""
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode())
+    req.add_header("content-type", "application/json")
+    out: list[Any] = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["content-type"] == "text/event-stream"
+        for line in r:
+            if line.startswith(b"data: "):
+                data = line[6:].strip()
+                out.append(data.decode() if data == b"[DONE]" else json.loads(data))
+                if len(out) == 1 and on_first is not None:
+                    on_first()
+    return out
+
+
+def test_a_streamed_completion_is_the_same_completion_sent_token_by_token(server: Any) -> None:
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "seed": 3,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    _, whole, _ = call(server.base_url, "POST", "/v1/completions", body)
+    events = stream_events(server.base_url, dict(body, stream=True))
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert [len(c["choices"][0]["token_ids"]) for c in chunks] == [1] * 6
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == whole["choices"][0][
+        "token_ids"
+    ]
+    assert [lp for c in chunks for lp in c["choices"][0]["logprobs"]["token_logprobs"]] == (
+        whole["choices"][0]["logprobs"]["token_logprobs"]
+    )
+    assert [c["choices"][0]["prompt_token_ids"] for c in chunks] == [PROMPT] + [None] * 5
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+
+
+def test_each_token_is_sent_before_the_next_is_sampled(server: Any) -> None:
+    """The engine is held after its first token until the client has that token: a
+    server that sent the completion whole would never let it go on."""
+    engine = server.service.engine
+    stream, first_seen, held = engine.stream, threading.Event(), []
+
+    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
+        for n, step in enumerate(stream(prompt_ids, params)):
+            yield step
+            if n == 0:
+                held.append(first_seen.wait(30))
+
+    engine.stream = gated
+    try:
+        body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True}
+        events = stream_events(server.base_url, dict(body, stream=True), first_seen.set)
+    finally:
+        del engine.stream
+    assert held == [True] and len(events) == 5
 
 
 def test_concurrent_requests_are_queued_not_interleaved(server: Any) -> None:
