@@ -331,9 +331,21 @@ def responses_messages(params: dict[str, Any], items: list[Any]) -> list[Message
     return out
 
 
+def _open_namespaces(tools: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            out += _open_namespaces(list(tool.get("tools") or []))
+        else:
+            out.append(tool)
+    return out
+
+
 def openai_tools(api: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's client tools as OpenAI function tools (server tools left out)."""
     tools = params.get("tools") or []
+    if api == "openai_responses":  # a namespace's tools (Codex's collaboration) are tools
+        tools = _open_namespaces(tools if isinstance(tools, list) else [])
     out: list[dict[str, Any]] = []
     for tool in tools if isinstance(tools, list) else []:
         if not isinstance(tool, dict):

@@ -253,6 +253,11 @@ class Server:
             input_tokens=len(call.plan.prompt_ids),
             output_tokens=output_tokens,
             created=int(time.time()),
+            tool_kinds=(
+                replies.responses_tool_kinds(call.body.get("tools"))
+                if call.api == "openai_responses"
+                else {}
+            ),
         )
 
     def _complete(self, call: _Call) -> Answer:

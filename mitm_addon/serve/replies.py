@@ -37,6 +37,10 @@ class Reply:
     input_tokens: int
     output_tokens: int
     created: int = field(default_factory=lambda: int(time.time()))
+    # Responses: each offered tool's (kind, namespace): "custom" tools (Codex's
+    # apply_patch) are called with custom_tool_call items, namespaced ones (Codex's
+    # collaboration tools) name their namespace. Any other name is a function.
+    tool_kinds: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
     def tool_call_id(self, index: int, prefix: str) -> str:
         return f"{prefix}{self.call_id}_{index}"
@@ -326,6 +330,55 @@ class ChatStream:
 # -- OpenAI Responses ------------------------------------------------------------------
 
 
+def responses_tool_kinds(tools: Any) -> dict[str, tuple[str, str | None]]:
+    """(kind, namespace) of each tool a Responses request offers, namespaces opened."""
+    kinds: dict[str, tuple[str, str | None]] = {}
+
+    def add(tool: Any, namespace: str | None) -> None:
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            kind = tool.get("type", "function")
+            if kind in ("function", "custom"):
+                kinds[tool["name"]] = (kind, namespace)
+            elif kind == "namespace":
+                for inner in tool.get("tools") or []:
+                    add(inner, tool["name"])
+
+    for tool in tools if isinstance(tools, list) else []:
+        add(tool, None)
+    return kinds
+
+
+def _custom_input(arguments: dict[str, Any]) -> str:
+    """A custom tool's input text, from the arguments the policy wrote ({"input": ...})."""
+    value = arguments.get("input")
+    return value if isinstance(value, str) else _arguments(arguments)
+
+
+def _responses_call_item(reply: Reply, i: int, call: ToolCall) -> dict[str, Any]:
+    """The output item of the reply's ``i``-th tool call."""
+    kind, namespace = reply.tool_kinds.get(call.name, ("function", None))
+    if kind == "custom":
+        return {
+            "type": "custom_tool_call",
+            "id": f"ctc_{reply.call_id}_{i}",
+            "call_id": reply.tool_call_id(i, "call_"),
+            "name": call.name,
+            "input": _custom_input(call.arguments),
+            "status": "completed",
+        }
+    item = {
+        "type": "function_call",
+        "id": f"fc_{reply.call_id}_{i}",
+        "call_id": reply.tool_call_id(i, "call_"),
+        "name": call.name,
+        "arguments": _arguments(call.arguments),
+        "status": "completed",
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
 def _responses_output(reply: Reply) -> list[dict[str, Any]]:
     c = reply.completion
     output: list[dict[str, Any]] = []
@@ -347,17 +400,7 @@ def _responses_output(reply: Reply) -> list[dict[str, Any]]:
                 "content": [{"type": "output_text", "text": c.text, "annotations": []}],
             }
         )
-    for i, call in enumerate(c.tool_calls):
-        output.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{reply.call_id}_{i}",
-                "call_id": reply.tool_call_id(i, "call_"),
-                "name": call.name,
-                "arguments": _arguments(call.arguments),
-                "status": "completed",
-            }
-        )
+    output += [_responses_call_item(reply, i, call) for i, call in enumerate(c.tool_calls)]
     return output
 
 
@@ -488,31 +531,26 @@ class ResponsesStream:
             ]
         call, i = _call(piece), self._calls
         self._calls += 1
-        item = {
-            "type": "function_call",
-            "id": f"fc_{self.head.call_id}_{i}",
-            "call_id": self.head.tool_call_id(i, "call_"),
-            "name": call.name,
-            "arguments": _arguments(call.arguments),
-            "status": "completed",
-        }
-        out += self._add(item, dict(item, status="in_progress", arguments=""))
+        item = _responses_call_item(self.head, i, call)
+        where_args: tuple[str, str, str]
+        if item["type"] == "custom_tool_call":
+            where_args = (
+                "input",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+            )
+        else:
+            where_args = (
+                "arguments",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+            )
+        key, delta, done = where_args
+        out += self._add(item, dict(item, status="in_progress", **{key: ""}))
         where = self._where()
         out += [
-            self._event(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    **where,
-                    "delta": item["arguments"],
-                }
-            ),
-            self._event(
-                {
-                    "type": "response.function_call_arguments.done",
-                    **where,
-                    "arguments": item["arguments"],
-                }
-            ),
+            self._event({"type": delta, **where, "delta": item[key]}),
+            self._event({"type": done, **where, key: item[key]}),
         ]
         return out + self._close()
 
@@ -591,8 +629,16 @@ def reply_message(reply: Reply, api: str) -> dict[str, Any]:
             {
                 "id": reply.tool_call_id(i, prefix),
                 "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                "function": {"name": call.name, "arguments": _message_arguments(reply, call)},
             }
             for i, call in enumerate(c.tool_calls)
         ]
     return message
+
+
+def _message_arguments(reply: Reply, call: ToolCall) -> str:
+    """A call's arguments as the harness's next request will hold them once converted (a
+    custom tool call comes back as its input text, converted to {"input": text})."""
+    if reply.tool_kinds.get(call.name, ("function", None))[0] == "custom":
+        return _arguments({"input": _custom_input(call.arguments)})
+    return _arguments(call.arguments)

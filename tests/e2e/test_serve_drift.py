@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.serve_runs import HARNESS_RUNS, TURNS, assert_one_agent_served_exactly
+from pipeline.store import audits, connect
+from tests.support.serve_runs import (
+    HARNESS_RUNS,
+    TURNS,
+    assert_one_agent_served_exactly,
+    claude_sub_agents,
+    codex_spawned_agents,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
@@ -48,6 +55,73 @@ def test_codex_over_http_tool_turns_are_one_clean_chain(
     got = served("codex-http", tmp_path, confdir, tiny_models)
     assert {(c["api"], c["transport"]) for c in got.calls} == {("openai_responses", "sse")}
     assert_one_agent_served_exactly(got.calls, ["CLEAN"] * TURNS)
+
+
+def test_claude_code_sub_agents_each_start_their_own_chain_and_train_once(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """Every turn delegates to a sub-agent (Agent tool). The main agent's calls are one
+    CLEAN chain; each sub-agent's first call starts a chain of its own (CLEAN, no
+    parent); and each completion is in exactly one token sequence (the audits)."""
+    reason = HARNESS_RUNS["claude-code"].unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"claude-code cannot run: {reason}")
+        pytest.skip(reason)
+    got = claude_sub_agents(tiny_models[0], tmp_path, confdir)
+    done = [c for c in got.calls if c["status"] == "complete"]  # the kill cuts some off
+    agents: dict[str | None, list[dict[str, Any]]] = {}
+    for c in done:
+        agents.setdefault(c["claude_agent_id"], []).append(c)
+    main = agents.pop(None)
+    assert [c["tool_calls"] for c in main] == [["Agent"]] * 3
+    assert_one_agent_served_exactly(main, ["CLEAN"] * 3)
+    assert len(agents) >= 2, {k: len(v) for k, v in agents.items()}
+    for calls in agents.values():
+        assert_one_agent_served_exactly(calls, ["CLEAN"] * len(calls))
+    sequences = trains_each_completion_once(tmp_path / "run", done)
+    assert [c["call_id"] for c in main] in sequences  # the main chain trains as one
+
+
+def trains_each_completion_once(run: Path, done: list[dict[str, Any]]) -> list[list[str]]:
+    """The run's audits pass and each call is in exactly one token sequence; the
+    sequences' call ids."""
+    con = connect(run)
+    assert {k: v for k, v in audits(con).items() if v} == {}
+    sequences = [ids for (ids,) in con.execute("SELECT call_ids FROM token_sequences").fetchall()]
+    assert sorted(c for ids in sequences for c in ids) == sorted(c["call_id"] for c in done)
+    return sequences
+
+
+def test_a_codex_spawned_agent_forks_under_its_own_tools_then_stays_clean(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """Every turn spawns an agent (spawn_agent, Codex's collaboration namespace). The
+    spawned thread inherits its parent's turns but not its collaboration tools, so its
+    first prompt renders that history under another tool list: a FORK, starting its own
+    chain; its continuations are CLEAN, the root's chain too, each completion trained
+    once."""
+    reason = HARNESS_RUNS["codex-websocket"].unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"codex cannot run: {reason}")
+        pytest.skip(reason)
+    got = codex_spawned_agents(tiny_models[0], tmp_path, confdir)
+    done = [c for c in got.calls if c["status"] == "complete"]
+    threads: dict[str, list[dict[str, Any]]] = {}
+    for c in done:
+        if not c["prewarm"]:  # each thread's socket opens with a warm-up, never sampled
+            threads.setdefault(c["codex_thread_id"], []).append(c)
+    [root] = [t for t, calls in threads.items() if calls[0]["openai_subagent"] is None]
+    main = threads.pop(root)
+    assert all(c["tool_calls"] == ["spawn_agent"] and "collaboration" in c["tools"] for c in main)
+    assert_one_agent_served_exactly(main, ["CLEAN"] * len(main))
+    assert threads and len(main) >= 2
+    for calls in threads.values():
+        assert {c["openai_subagent"] for c in calls} == {"collab_spawn"}
+        assert not any("collaboration" in c["tools"] for c in calls)
+        assert_one_agent_served_exactly(calls, ["FORK"] + ["CLEAN"] * (len(calls) - 1))
+    trains_each_completion_once(tmp_path / "run", [c for c in done if not c["prewarm"]])
 
 
 def test_codex_over_its_websocket_is_served_and_its_tool_turns_are_one_clean_chain(

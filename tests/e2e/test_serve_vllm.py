@@ -22,8 +22,10 @@ import pytest
 
 from mitm_addon.launch import free_port
 from pipeline.store import connect
-from tests.support.forge_proxy import OPENAI_KEY
+from tests.e2e.test_serve_sdks import anthropic_turns
+from tests.support.forge_proxy import OPENAI_KEY, anthropic_client, forge_proxy
 from tests.support.policy import policy_server
+from tests.support.serve_runs import serve_settings
 
 VLLM_PYTHON = os.environ.get("FORGE_VLLM_PYTHON")
 pytestmark = [
@@ -96,15 +98,50 @@ def record_toy(
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
+def record_streamed(
+    tmp_path: Path, confdir: Path, name: str, url: str, model: Path
+) -> list[dict[str, Any]]:
+    """Two streamed Anthropic tool turns (the official SDK) through a serving mitmdump."""
+    out = tmp_path / name / "stream"
+    with (
+        forge_proxy(out, confdir, {}, extra=serve_settings(url, model)) as proxy,
+        anthropic_client(proxy) as client,
+    ):
+        anthropic_turns(client, "claude-x", True, 2)
+    cursor = connect(out).execute("SELECT * FROM calls ORDER BY started_at")
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def prefix_cache(url: str) -> tuple[float, float]:
+    """(prompt tokens looked up in vLLM's prefix cache, tokens found), from /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    totals = {"queries": 0.0, "hits": 0.0}
+    for line in text.splitlines():
+        for kind in totals:
+            if line.startswith(f"vllm:prefix_cache_{kind}_total"):
+                totals[kind] += float(line.rsplit(" ", 1)[1])
+    return totals["queries"], totals["hits"]
+
+
 def test_serve_mode_with_vllm_records_what_it_records_with_the_embedded_server(
     tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
 ) -> None:
     model = tiny_models[1]  # scripted: both servers sample the same tokens
     with policy_server(model) as embedded:
         ours = record_toy(tmp_path, confdir, "embedded", embedded.base_url, model)
+        ours += record_streamed(tmp_path, confdir, "embedded", embedded.base_url, model)
     with vllm_server(model, tmp_path / "vllm.log") as url:
         theirs = record_toy(tmp_path, confdir, "vllm", url, model)
-    assert len(ours) == len(theirs) == 3
+        queries, hits = prefix_cache(url)
+        theirs += record_streamed(tmp_path, confdir, "vllm", url, model)
+    # The toy harness's later prompts extend the earlier ones token for token (spliced):
+    # vLLM finds their prefixes in its cache.
+    print(f"vLLM prefix cache over the toy run: {hits:.0f} of {queries:.0f} prompt tokens")
+    assert queries > 0 and hits > 0, (queries, hits)
+    assert len(ours) == len(theirs) == 5
+    assert [c["stream"] for c in theirs] == [False] * 3 + [True] * 2
     for a, b in zip(ours, theirs, strict=True):
         filled = {c for c in TOKEN_COLUMNS if a[c] is not None}
         assert filled == {c for c in TOKEN_COLUMNS if b[c] is not None} == set(TOKEN_COLUMNS)

