@@ -22,6 +22,7 @@ from tests.support.serve_runs import (
     HARNESS_RUNS,
     TURNS,
     assert_one_agent_served_exactly,
+    claude_compaction,
     claude_sub_agents,
     codex_spawned_agents,
 )
@@ -122,6 +123,35 @@ def test_a_codex_spawned_agent_forks_under_its_own_tools_then_stays_clean(
         assert not any("collaboration" in c["tools"] for c in calls)
         assert_one_agent_served_exactly(calls, ["FORK"] + ["CLEAN"] * (len(calls) - 1))
     trains_each_completion_once(tmp_path / "run", [c for c in done if not c["prewarm"]])
+
+
+def test_a_claude_code_compaction_starts_a_new_chain_linked_by_a_compacts_edge(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """A turn, /compact, a turn after it. The summary requests continue the first call
+    (CLEAN); the call after the compaction holds no earlier assistant turn, only the
+    summary as context, so it starts a chain of its own, stored whole (CLEAN, no
+    parent: nothing in it is re-tokenised); the pipeline links it to the summary call
+    with a compacts edge, and each completion is trained once."""
+    reason = HARNESS_RUNS["claude-code"].unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"claude-code cannot run: {reason}")
+        pytest.skip(reason)
+    got = claude_compaction(tiny_models[0], tmp_path, confdir)
+    assert got.code == 0, got.output[-2000:]
+    first, *summaries, after = got.calls
+    assert summaries, "no summary request"
+    assert [c["status"] for c in got.calls] == ["complete"] * len(got.calls)
+    assert (first["drift"], first["prompt_parent_call_id"]) == ("CLEAN", None)
+    for c in summaries:
+        assert (c["drift"], c["prompt_parent_call_id"]) == ("CLEAN", first["call_id"])
+    assert (after["drift"], after["prompt_parent_call_id"]) == ("CLEAN", None)
+    con = connect(tmp_path / "run")
+    edges = con.execute("SELECT parent_call_id, child_call_id FROM edges WHERE kind = 'compacts'")
+    [(summary, child)] = edges.fetchall()
+    assert child == after["call_id"] and summary in {c["call_id"] for c in summaries}
+    trains_each_completion_once(tmp_path / "run", got.calls)
 
 
 def test_codex_over_its_websocket_is_served_and_its_tool_turns_are_one_clean_chain(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -334,6 +335,30 @@ def claude_sub_agents(random_model: Path, tmp: Path, confdir: Path) -> Served:
             ca_cert=None, api_key=ANTHROPIC_KEY, extra_args=("--max-turns", "3"),
         )  # fmt: skip
         return Served(*record_serve(tmp, confdir, spec, policy, stop_after=8))
+
+
+SUMMARY = "Summary: the file now holds hi."
+
+
+def claude_compaction(random_model: Path, tmp: Path, confdir: Path) -> Served:
+    """Claude Code answered in words (``SUMMARY``), three runs in one session under one
+    proxy: a turn, ``/compact`` (its summary request is answered by the policy too), and
+    a turn after the compaction (``--continue``)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+
+    def spec(prompt: str, *extra: str) -> harnesses.HarnessRun:
+        return harnesses.claude_command(
+            prompt, workdir=tmp / "work", home=tmp / "home", proxy_url=None, ca_cert=None,
+            api_key=ANTHROPIC_KEY, extra_args=extra,
+        )  # fmt: skip
+
+    first = spec("say hi").prepare()
+    runs = (first, spec("/compact", "--continue"), spec("say hi again", "--continue"))
+    script = " && ".join(shlex.join(run.argv) for run in runs)
+    with scripted_policy(random_model, tmp, SUMMARY) as policy:
+        return Served(
+            *record_command(tmp, confdir, ["bash", "-c", script], first.env, first.cwd, policy)
+        )
 
 
 def codex_spawned_agents(random_model: Path, tmp: Path, confdir: Path) -> Served:
