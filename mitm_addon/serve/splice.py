@@ -31,6 +31,7 @@ Pure apart from the ``Tokens`` it is given; ``SpliceStore`` is a bounded, thread
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import threading
@@ -109,6 +110,49 @@ def _step(previous: str, key: str | None) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _digest(fingerprint: tuple[Any, ...]) -> str | None:
+    """The digest of a message's key, by its fingerprint (``_fingerprint``): worked out
+    once per message, not once per call that sends it again."""
+    strict, stable, role, content, reasoning, calls = fingerprint
+    message: dict[str, Any] = {"role": role, "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"function": {"name": name, "arguments": arguments}} for name, arguments in calls
+        ]
+    key = message_key(message, strict, stable)
+    return None if key is None else hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _fingerprint(message: dict[str, Any], strict: bool, stable: bool) -> tuple[Any, ...] | None:
+    """What ``message_key`` reads of a message, hashable (None when it is not: content
+    blocks, arguments as objects). Hashing it is a C-speed pass over its strings."""
+    content, reasoning = message.get("content"), message.get("reasoning_content")
+    if not isinstance(content, str | None) or not isinstance(reasoning, str | None):
+        return None
+    calls: list[tuple[Any, Any]] = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            return None
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str | None) or not isinstance(arguments, str | None):
+            return None
+        calls.append((name, arguments))
+    return (strict, stable, message.get("role"), content, reasoning, tuple(calls))
+
+
+def message_digest(message: dict[str, Any], strict: bool, stable: bool = False) -> str | None:
+    """A short digest of ``message_key``: what the key chains are made of."""
+    fingerprint = _fingerprint(message, strict, stable)
+    if fingerprint is not None:
+        return _digest(fingerprint)
+    key = message_key(message, strict, stable)
+    return None if key is None else hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
 def chain_keys(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]],
@@ -122,7 +166,7 @@ def chain_keys(
     )
     keys = [h.hexdigest()]
     for message in messages:
-        keys.append(_step(keys[-1], message_key(message, strict, stable)))
+        keys.append(_step(keys[-1], message_digest(message, strict, stable)))
     return keys
 
 
@@ -148,9 +192,9 @@ class Keys:
     def then(self, message: dict[str, Any]) -> tuple[str, str, str]:
         """The (strict, loose, stable) keys of the conversation followed by ``message``."""
         return (
-            _step(self.strict[-1], message_key(message, strict=True)),
-            _step(self.loose[-1], message_key(message, strict=False)),
-            _step(self.stable[-1], message_key(message, strict=False, stable=True)),
+            _step(self.strict[-1], message_digest(message, strict=True)),
+            _step(self.loose[-1], message_digest(message, strict=False)),
+            _step(self.stable[-1], message_digest(message, strict=False, stable=True)),
         )
 
 
