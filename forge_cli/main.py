@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as e:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path that cannot be read or written: said in one line
+        print(f"forge: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -73,9 +73,12 @@ class RunningProxy:
 def start_proxy(settings: ProxySettings) -> RunningProxy:
     """Start mitmdump with the addon and wait until it is recording."""
     out = settings.out_dir.expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
     confdir = settings.confdir.expanduser().resolve()
-    confdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for what, folder in (("the run directory", out), ("the mitmproxy directory", confdir)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700 if folder == confdir else 0o777)
+        except OSError as e:
+            raise ForgeError(f"cannot create {what} {folder}: {e.strerror or e}") from e
     os.chmod(confdir, 0o700)
     port = settings.port or free_port()
     ready = out / f".proxy-ready-{os.getpid()}-{port}.json"

@@ -87,6 +87,19 @@ def test_record_without_a_command_says_how_to_call_it(tmp_path: Path, confdir: P
     assert done.returncode == 2 and "forge record [OPTIONS] -- CMD" in done.stderr
 
 
+def test_a_run_directory_that_cannot_be_made_is_a_one_line_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "forge_cli.main", "record", "--out", "/proc/x", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "forge: error: cannot create the run directory /proc/x: No such file or directory"
+    ]
+
+
 def test_record_writes_the_rollouts_row(tmp_path: Path, confdir: Path) -> None:
     with ScriptedUpstream([{"text": "hi"}]) as up:
         done = forge_record(tmp_path, confdir, up, "bash", "-c", "exit 3")
@@ -113,9 +126,7 @@ def test_a_sigkilled_launcher_takes_its_proxy_along_and_its_calls_are_stored(
     env["OPENAI_API_KEY"] = OPENAI_KEY
     run = tmp_path / "run"
     with ScriptedUpstream([{"text": "hi"}]) as up:
-        ask = (
-            f"{sys.executable} -m k8s_jobs.toy_harness 'say hi' && touch {tmp_path / 'asked'} && sleep 60"
-        )
+        ask = f"{sys.executable} -m k8s_jobs.toy_harness 'say hi' && touch {tmp_path / 'asked'} && sleep 60"
         launcher = subprocess.Popen(
             [sys.executable, "-m", "forge_cli.main", "record", "--out", str(run),
              "--confdir", str(confdir), "--upstream", f"api.openai.com={up.base_url}",
