@@ -21,6 +21,7 @@ from pipeline.canonical import canonical_json
 from pipeline.reconstruct import reconstruct_request
 from pipeline.store import connect
 from tests.support.forge_proxy import (
+    COOKIE_VALUE,
     OPENAI_KEY,
     SECRETS,
     anthropic_client,
@@ -195,6 +196,10 @@ def test_every_api_is_recorded_as_the_upstream_received_it(
     assert all(r["status"] == "complete" and r["parse_error"] is None for r in rows)
     assert all(r["rollout_id"] == "r-e2e" and r["pid"] for r in rows)
     assert rows[0]["tool_calls"] == ["shell"] and rows[1]["tool_calls"] == []
+    # The client's session cookie went upstream; on disk it is redacted (and the scan of the
+    # run's files finds none of its values).
+    assert all(COOKIE_VALUE in r.headers.get("cookie", "") for r in model_calls(recording.upstream))
+    assert {r["request_headers"]["cookie"] for r in rows} == {"[REDACTED]"}
     for row, final in zip(rows, finals, strict=True):
         assert row["response_id"] == final.id
         assert row["output_tokens"]

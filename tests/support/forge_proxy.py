@@ -50,8 +50,15 @@ def kill_proxy(proxy: RunningProxy) -> None:
 
 
 def http_client(proxy: RunningProxy, timeout: float = 30.0) -> httpx.Client:
+    """A client through the proxy that also sends a session cookie on every request, as
+    browsers and some harnesses do: the secrets scan looks for its value too."""
     verify = ssl.create_default_context(cafile=str(proxy.ca_cert))
-    return httpx.Client(proxy=proxy.url, verify=verify, timeout=timeout)
+    return httpx.Client(
+        proxy=proxy.url,
+        verify=verify,
+        timeout=timeout,
+        headers={"cookie": f"session={COOKIE_VALUE}; theme=dark"},
+    )
 
 
 def openai_client(proxy: RunningProxy):  # type: ignore[no-untyped-def]
