@@ -135,7 +135,9 @@ class Builder:
         _warm_arrow()
         root = self.settings.root
         self._seen = {r["hash"] for r in read_column_values(root, "messages", ["hash"])}
-        for r in read_column_values(root, "calls", ["call_id", "response_id", "response_head_hash"]):
+        for r in read_column_values(
+            root, "calls", ["call_id", "response_id", "response_head_hash"]
+        ):
             self._call_ids.add(r["call_id"])
             if r["response_id"] and r["response_head_hash"]:
                 self._responses[r["response_id"]] = r["response_head_hash"]
@@ -331,9 +333,7 @@ def last_shard_seq(root: Path, run_id: str) -> int:
     return max(found)
 
 
-def run(
-    builder: Builder, finishing: Callable[[], bool], wait: Callable[[float], object]
-) -> None:
+def run(builder: Builder, finishing: Callable[[], bool], wait: Callable[[float], object]) -> None:
     """Read closed segments as they appear and flush when a rotation limit is reached,
     until ``finishing()``; then read every segment, close the calls still open, flush
     and delete the segments. ``wait(seconds)`` sleeps between looks (it may return

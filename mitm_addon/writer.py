@@ -213,7 +213,9 @@ class Writer:
             log.error("forge: cannot close the write-ahead log: %s", e)
         assert self._builder is not None
         if not self._builder.finish(timeout):
-            log.error("forge: not every call reached a shard; the rest stays in %s", self.wal.directory)
+            log.error(
+                "forge: not every call reached a shard; the rest stays in %s", self.wal.directory
+            )
         self.wal.close()
 
     # -- the forge-wal thread ------------------------------------------------------------

@@ -131,7 +131,8 @@ class Serving:
 
     async def _serve_socket(self, flow: http.HTTPFlow, server: Server, state: FlowState) -> None:
         await self.endpoint.start()
-        path, job = self.endpoint.expect_socket(SocketJob(server, self._take_tokens))
+        job = SocketJob(server, self._take_tokens)
+        path = self.endpoint.expect_socket(job)
         self._sockets[flow.id] = (path, job)
         self._reroute(flow, state, path)
 

@@ -254,13 +254,9 @@ def parse_config(o: optmanager.OptManager) -> cfg.Config:
         refuse_websocket=o.forge_refuse_websocket,
         builder=cfg.parse_choice("forge_builder", o.forge_builder, cfg.BUILDERS),
         policy_url=cfg.parse_policy_url(o.forge_policy) if o.forge_policy else None,
-        tokenizer_dir=Path(o.forge_tokenizer).expanduser().resolve()
-        if o.forge_tokenizer
-        else None,
+        tokenizer_dir=Path(o.forge_tokenizer).expanduser().resolve() if o.forge_tokenizer else None,
         serve_models=parse_models(o.forge_serve_models),
-        serve_max_tokens=cfg.parse_non_negative(
-            "forge_serve_max_tokens", o.forge_serve_max_tokens
-        ),
+        serve_max_tokens=cfg.parse_non_negative("forge_serve_max_tokens", o.forge_serve_max_tokens),
     )
 
 

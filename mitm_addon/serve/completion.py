@@ -20,6 +20,7 @@ all of it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -133,9 +134,7 @@ class HermesStream:
         if self._mode == "reasoning":
             end = buffer.find(THINK_CLOSE)
             if end < 0:
-                keep = _held(buffer, THINK_CLOSE)
-                self._think(buffer[: len(buffer) - keep], out)
-                self._buffer = buffer[len(buffer) - keep :]
+                self._emit_unless_marker(THINK_CLOSE, self._think, out)
                 return False
             self._think(buffer[:end], out)
             self._newlines = ""  # the newlines before </think> are not reasoning
@@ -143,9 +142,7 @@ class HermesStream:
             return True
         start = buffer.find(CALL_OPEN)
         if start < 0:
-            keep = _held(buffer, CALL_OPEN)
-            self._say(buffer[: len(buffer) - keep], out)
-            self._buffer = buffer[len(buffer) - keep :]
+            self._emit_unless_marker(CALL_OPEN, self._say, out)
             return False
         end = buffer.find(CALL_CLOSE, start + len(CALL_OPEN))
         self._say(buffer[:start], out)
@@ -160,6 +157,14 @@ class HermesStream:
             out.append(Piece("tool", call=call))
         self._buffer = buffer[end + len(CALL_CLOSE) :]
         return True
+
+    def _emit_unless_marker(
+        self, marker: str, emit: Callable[[str, list[Piece]], None], out: list[Piece]
+    ) -> None:
+        """Emit the buffer, all but its end that could still begin ``marker``."""
+        keep = len(self._buffer) - _held(self._buffer, marker)
+        emit(self._buffer[:keep], out)
+        self._buffer = self._buffer[keep:]
 
     def _think(self, chunk: str, out: list[Piece]) -> None:
         assert self._reasoning is not None

@@ -122,10 +122,11 @@ class Endpoint:
         self._calls[key] = job
         return f"/call/{key}"
 
-    def expect_socket(self, job: SocketJob) -> tuple[str, SocketJob]:
+    def expect_socket(self, job: SocketJob) -> str:
+        """The path mitmproxy should send the WebSocket upgrade to."""
         key = new_id("s-")
         self._sockets[key] = job
-        return f"/socket/{key}", job
+        return f"/socket/{key}"
 
     def forget(self, path: str) -> None:
         """Drop a registration mitmproxy never delivered (the flow failed first)."""

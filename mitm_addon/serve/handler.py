@@ -113,6 +113,12 @@ def error_answer(api: str, status: int, message: str, retry_after: str | None = 
     return Answer(status, "application/json", json.dumps(body).encode(), headers)
 
 
+def _refused(api: str, e: PolicyError) -> Answer:
+    """The harness told, in its API's error shape, that the policy server failed."""
+    log.warning("forge: policy call failed: %s", e)
+    return error_answer(api, e.status, str(e), e.retry_after)
+
+
 def parse_models(value: str) -> tuple[str, ...]:
     """``forge_serve_models``: ``all`` (empty tuple) or comma-separated names / globs."""
     names = tuple(v.strip() for v in value.split(",") if v.strip())
@@ -185,8 +191,7 @@ class Server:
                 call.plan.prompt_ids, call.max_tokens, call.conv.temperature, call.conv.top_p
             )
         except PolicyError as e:
-            log.warning("forge: policy call failed: %s", e)
-            return error_answer(call.api, e.status, str(e), e.retry_after)
+            return _refused(call.api, e)
         return Streamed(call.api, self._stream(call, outs))
 
     @staticmethod
@@ -209,8 +214,7 @@ class Server:
         try:
             return self._complete(call)
         except PolicyError as e:
-            log.warning("forge: policy call failed: %s", e)
-            return error_answer(call.api, e.status, str(e), e.retry_after)
+            return _refused(call.api, e)
 
     def _prepare(self, call_id: str, method: str, path: str, raw: bytes) -> _Call | Answer:
         adapter = find_adapter(method, path)
@@ -227,8 +231,7 @@ class Server:
         except (ConversionError, TemplateError, ValueError) as e:
             return error_answer(api, 400, str(e))
         except PolicyError as e:
-            log.warning("forge: policy call failed: %s", e)
-            return error_answer(api, e.status, str(e), e.retry_after)
+            return _refused(api, e)
         max_tokens = conv.max_tokens or DEFAULT_MAX_TOKENS
         if self.max_tokens_cap is not None:
             max_tokens = min(max_tokens, self.max_tokens_cap)

@@ -76,17 +76,20 @@ class PolicyClient:
         self._max_model_len: int | None = None
         self._lock = threading.Lock()
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _open(
+        self, method: str, path: str, body: dict[str, Any] | None, accept: str = "application/json"
+    ) -> Any:
+        """The policy server's response to one request (an open HTTP response); its
+        errors as PolicyError."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             self.base_url + path,
             data=data,
             method=method,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", "accept": accept},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read() or b"null")
+            return urllib.request.urlopen(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as e:
             detail = e.read()[:2000].decode("utf-8", "replace")
             status = 429 if e.code == 429 else (400 if e.code == 400 else 502)
@@ -97,6 +100,13 @@ class PolicyClient:
             ) from e
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise PolicyError(f"the policy server at {self.base_url} failed: {e}", 503) from e
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        with self._open(method, path, body) as response:
+            try:
+                return json.loads(response.read() or b"null")
+            except (OSError, ValueError) as e:
+                raise PolicyError(f"the policy server at {self.base_url} failed: {e}", 503) from e
 
     def model(self) -> tuple[str, int | None]:
         """(served model id, max_model_len) from ``/v1/models``, asked once."""
@@ -163,24 +173,7 @@ class PolicyClient:
         stream breaks or ends before its finish reason."""
         body = self._request(prompt_ids, max_tokens, temperature, top_p)
         body["stream"] = True
-        request = urllib.request.Request(
-            self.base_url + "/v1/completions",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"content-type": "application/json", "accept": "text/event-stream"},
-        )
-        try:
-            response = urllib.request.urlopen(request, timeout=self.timeout_s)
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:2000].decode("utf-8", "replace")
-            status = 429 if e.code == 429 else (400 if e.code == 400 else 502)
-            raise PolicyError(
-                f"the policy server answered {e.code} to /v1/completions: {detail}",
-                status,
-                e.headers.get("retry-after"),
-            ) from e
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise PolicyError(f"the policy server at {self.base_url} failed: {e}", 503) from e
+        response = self._open("POST", "/v1/completions", body, accept="text/event-stream")
         return self._events(response)
 
     def _events(self, response: Any) -> Iterator[PolicyOutput]:

@@ -571,21 +571,22 @@ class ResponsesStream:
         out = self._close()
         if not any(item["type"] in ("message", "function_call") for item in self._items):
             out += self._message() + self._close()  # a reply says something, if only ""
+        return out + [self.terminal(reply)]
+
+    def terminal(self, reply: Reply) -> Event:
+        """``response.completed`` (``response.incomplete`` when cut off), with the items
+        streamed so far."""
         final = responses_json(reply, self.request)
         final["output"] = self._items
-        terminal = (
-            "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        )
-        return out + [self._event({"type": terminal, "response": final})]
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return self._event({"type": kind, "response": final})
 
 
 def prewarm_events(head: Reply, request: dict[str, Any]) -> list[Event]:
     """A Responses call with ``generate: false`` (Codex warming the cache): created and
     completed, with no output."""
     stream = ResponsesStream(head, request)
-    final = responses_json(head, request)
-    final["output"] = []
-    return stream.start() + [stream._event({"type": "response.completed", "response": final})]
+    return stream.start() + [stream.terminal(head)]
 
 
 def encoder(api: str, head: Reply, request: dict[str, Any]) -> StreamEncoder:

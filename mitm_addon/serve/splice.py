@@ -110,10 +110,11 @@ def _step(previous: str, key: str | None) -> str:
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)  # three keys each of the ~5k newest messages
 def _digest(fingerprint: tuple[Any, ...]) -> str | None:
     """The digest of a message's key, by its fingerprint (``_fingerprint``): worked out
-    once per message, not once per call that sends it again."""
+    once per message, not once per call that sends it again. The cache holds on to the
+    messages' strings; the splice store holds more (a whole history per call)."""
     strict, stable, role, content, reasoning, calls = fingerprint
     message: dict[str, Any] = {"role": role, "content": content}
     if reasoning is not None:

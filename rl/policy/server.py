@@ -158,7 +158,7 @@ class PolicyService:
         """The chunks of a streamed completion, each as its token is sampled. Checks run
         before the first is returned (an HttpError then is the whole answer); closing the
         iterator early stops the sampling after the token in progress."""
-        prompt_ids, params, options = self._parse_completion(dict(body, stream=False))
+        prompt_ids, params, options = self._parse_completion(body)
         self._admit()
         steps: queue.Queue[Step | BaseException | None] = queue.Queue()
         stopped = threading.Event()

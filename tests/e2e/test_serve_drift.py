@@ -30,14 +30,18 @@ from tests.support.serve_runs import (
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 
 
-def served(name: str, tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]) -> Any:
-    run = HARNESS_RUNS[name]
-    reason = run.unavailable()
+def require(name: str) -> None:
+    """Skip a test whose harness cannot run here; with CI=true, fail it."""
+    reason = HARNESS_RUNS[name].unavailable()
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{name} cannot run: {reason}")
         pytest.skip(reason)
-    return run.serve(tiny_models[0], tmp_path, confdir)
+
+
+def served(name: str, tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]) -> Any:
+    require(name)
+    return HARNESS_RUNS[name].serve(tiny_models[0], tmp_path, confdir)
 
 
 def test_claude_code_tool_turns_are_one_clean_chain(
@@ -64,11 +68,7 @@ def test_claude_code_sub_agents_each_start_their_own_chain_and_train_once(
     """Every turn delegates to a sub-agent (Agent tool). The main agent's calls are one
     CLEAN chain; each sub-agent's first call starts a chain of its own (CLEAN, no
     parent); and each completion is in exactly one token sequence (the audits)."""
-    reason = HARNESS_RUNS["claude-code"].unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"claude-code cannot run: {reason}")
-        pytest.skip(reason)
+    require("claude-code")
     got = claude_sub_agents(tiny_models[0], tmp_path, confdir)
     done = [c for c in got.calls if c["status"] == "complete"]  # the kill cuts some off
     agents: dict[str | None, list[dict[str, Any]]] = {}
@@ -102,11 +102,7 @@ def test_a_codex_spawned_agent_forks_under_its_own_tools_then_stays_clean(
     first prompt renders that history under another tool list: a FORK, starting its own
     chain; its continuations are CLEAN, the root's chain too, each completion trained
     once."""
-    reason = HARNESS_RUNS["codex-websocket"].unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"codex cannot run: {reason}")
-        pytest.skip(reason)
+    require("codex-websocket")
     got = codex_spawned_agents(tiny_models[0], tmp_path, confdir)
     done = [c for c in got.calls if c["status"] == "complete"]
     threads: dict[str, list[dict[str, Any]]] = {}
@@ -133,11 +129,7 @@ def test_a_claude_code_compaction_starts_a_new_chain_linked_by_a_compacts_edge(
     summary as context, so it starts a chain of its own, stored whole (CLEAN, no
     parent: nothing in it is re-tokenised); the pipeline links it to the summary call
     with a compacts edge, and each completion is trained once."""
-    reason = HARNESS_RUNS["claude-code"].unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"claude-code cannot run: {reason}")
-        pytest.skip(reason)
+    require("claude-code")
     got = claude_compaction(tiny_models[0], tmp_path, confdir)
     assert got.code == 0, got.output[-2000:]
     first, *summaries, after = got.calls

@@ -27,7 +27,7 @@ from tests.support.forge_proxy import (
     forge_proxy,
     openai_client,
 )
-from tests.support.policy import policy_server
+from tests.support.policy import held_after, policy_server
 from tests.support.serve_runs import scripted_policy as scripted_policy_server
 from tests.support.serve_runs import serve_settings
 
@@ -243,21 +243,8 @@ def test_a_streamed_reply_reaches_the_harness_while_the_policy_is_still_sampling
     """The policy is held after its second token until the harness has read a text
     delta: a proxy that sent the reply whole would keep it waiting (and fail here)."""
     proxy, policy = talking
-    engine = policy.service.engine
-    stream, seen, held = engine.stream, threading.Event(), []
-
-    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
-        for n, step in enumerate(stream(prompt_ids, params)):
-            yield step
-            if n == 1:
-                held.append(seen.wait(30))
-
-    engine.stream = gated
-    try:
-        with RUNNERS[api][0](proxy) as client:
-            text = first_text_then_rest(api, client, seen)
-    finally:
-        del engine.stream
+    with held_after(policy, 1) as (seen, held), RUNNERS[api][0](proxy) as client:
+        text = first_text_then_rest(api, client, seen)
     assert held == [True]
     assert text == "Hello there, my good friend!"
 

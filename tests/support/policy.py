@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from forge_cli.main import main as forge_main
 
@@ -40,3 +42,27 @@ def policy_server(model_dir: Path, **settings: object) -> Iterator[object]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def held_after(
+    server: Any, token: int, timeout_s: float = 30.0
+) -> Iterator[tuple[Any, list[bool]]]:
+    """While open, the server's engine stops after sampling token number ``token`` (from
+    0) until the event it yields is set: ``(event, held)``, ``held`` getting whether it
+    was set within ``timeout_s``. A server that sent the completion whole would keep the
+    client waiting for a token it never sends: ``held == [False]``."""
+    engine = server.service.engine
+    stream, release, held = engine.stream, threading.Event(), []
+
+    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
+        for n, step in enumerate(stream(prompt_ids, params)):
+            yield step
+            if n == token:
+                held.append(release.wait(timeout_s))
+
+    engine.stream = gated
+    try:
+        yield release, held
+    finally:
+        del engine.stream

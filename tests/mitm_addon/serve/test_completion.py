@@ -76,6 +76,7 @@ def reference(text: str, opened: bool = False) -> ParsedCompletion:
 def streamed(
     text: str, cuts: list[int], opened: bool = False
 ) -> tuple[list[Piece], ParsedCompletion]:
+    """``text`` read as it would arrive cut at ``cuts``: every piece, and the whole."""
     reader = HermesStream(opened)
     pieces: list[Piece] = []
     start = 0

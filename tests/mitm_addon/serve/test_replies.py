@@ -10,26 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mitm_addon.serve import replies
-from mitm_addon.serve.completion import HermesStream, Piece
-from tests.mitm_addon.serve.test_completion import texts
+from tests.mitm_addon.serve.test_completion import streamed, texts
 
 
 def stream(
     api: str, text: str, cuts: list[int], request: dict[str, Any]
 ) -> tuple[replies.Reply, list[Any]]:
     """The events of ``text`` sampled in the pieces ``cuts`` make, and the whole reply."""
-    reader = HermesStream()
-    pieces: list[Piece] = []
-    start = 0
-    for cut in sorted(c % (len(text) + 1) for c in cuts):
-        pieces += reader.feed(text[start:cut])
-        start = max(start, cut)
-    pieces += reader.feed(text[start:])
-    last, parsed = reader.finish("stop")
+    pieces, parsed = streamed(text, cuts)
     head = replies.Reply("c1", "m", parsed, input_tokens=7, output_tokens=0, created=1)
     encoder = replies.encoder(api, head, request)
     events = encoder.start()
-    for piece in pieces + last:
+    for piece in pieces:
         events += encoder.piece(piece)
     reply = replies.Reply("c1", "m", parsed, input_tokens=7, output_tokens=5, created=1)
     return reply, events + encoder.end(reply)

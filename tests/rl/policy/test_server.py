@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.policy import policy_server
+from tests.support.policy import held_after, policy_server
 
 PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]
 
@@ -156,21 +156,9 @@ def test_a_streamed_completion_is_the_same_completion_sent_token_by_token(server
 def test_each_token_is_sent_before_the_next_is_sampled(server: Any) -> None:
     """The engine is held after its first token until the client has that token: a
     server that sent the completion whole would never let it go on."""
-    engine = server.service.engine
-    stream, first_seen, held = engine.stream, threading.Event(), []
-
-    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
-        for n, step in enumerate(stream(prompt_ids, params)):
-            yield step
-            if n == 0:
-                held.append(first_seen.wait(30))
-
-    engine.stream = gated
-    try:
+    with held_after(server, 0) as (first_seen, held):
         body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "return_token_ids": True}
         events = stream_events(server.base_url, dict(body, stream=True), first_seen.set)
-    finally:
-        del engine.stream
     assert held == [True] and len(events) == 5
 
 
