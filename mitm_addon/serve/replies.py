@@ -569,7 +569,7 @@ class ResponsesStream:
 
     def end(self, reply: Reply) -> list[Event]:
         out = self._close()
-        if not any(item["type"] in ("message", "function_call") for item in self._items):
+        if all(item["type"] == "reasoning" for item in self._items):
             out += self._message() + self._close()  # a reply says something, if only ""
         return out + [self.terminal(reply)]
 

@@ -152,5 +152,13 @@ def test_codex_tools_are_called_in_their_own_shape_and_come_back_as_served() -> 
     streamed = replies.ResponsesStream(reply, {"tools": tools})
     names = [n for piece in replies.pieces(reply.completion) for n, _ in streamed.piece(piece)]
     assert "response.custom_tool_call_input.delta" in names
+    # Streamed, the same items: no empty message beside a reply of calls only.
+    for only in ([calls[0]], calls):
+        alone = replies.Reply(
+            "c2", "m", ParsedCompletion("", None, only), 3, 9, created=1, tool_kinds=kinds
+        )
+        encoder = replies.ResponsesStream(alone, {"tools": tools})
+        final = replies.events(encoder, alone)[-1][1]["response"]
+        assert final["output"] == replies.responses_json(alone, {"tools": tools})["output"]
     [back] = responses_messages({}, output)
     assert back["tool_calls"] == replies.reply_message(reply, "openai_responses")["tool_calls"]
