@@ -273,9 +273,30 @@ def render_ratios(figures: dict[str, float | None]) -> str:
     )
 
 
+def render_vs_baseline(forge: Measured, baseline: Measured) -> str:
+    """This checkout's Forge against another's, measured in the same rounds."""
+    cpu = (
+        f"{forge.cpu_ms_per_call / baseline.cpu_ms_per_call:.3f}x"
+        if forge.cpu_ms_per_call and baseline.cpu_ms_per_call
+        else "n/a"
+    )
+    return (
+        f"Forge vs forge-baseline: latency p50 {forge.p50_ms / baseline.p50_ms:.3f}x, "
+        f"p99 {forge.p99_ms / baseline.p99_ms:.3f}x, TTFT p50 "
+        f"{forge.ttft_p50_ms / baseline.ttft_p50_ms:.3f}x, throughput c8 "
+        f"{forge.calls_per_s[8] / baseline.calls_per_s[8]:.3f}x, c64 "
+        f"{forge.calls_per_s[64] / baseline.calls_per_s[64]:.3f}x, CPU ms/call {cpu}"
+    )
+
+
 @contextlib.contextmanager
 def start(
-    name: str, upstream: str, pki: Any, work: Path, forge_set: Sequence[str] = ()
+    name: str,
+    upstream: str,
+    pki: Any,
+    work: Path,
+    forge_set: Sequence[str] = (),
+    baseline: Path | None = None,
 ) -> Iterator[pc.Contender]:
     if name == "direct":
         with pc.direct(upstream, pki.ca_cert) as c:
@@ -283,6 +304,9 @@ def start(
     elif name in ("mitmdump", "forge"):
         extra = forge_set if name == "forge" else ()
         with pc.mitmdump(upstream, pki, work, addon=name == "forge", extra=extra) as c:
+            yield c
+    elif name == "forge-baseline":
+        with pc.mitmdump(upstream, pki, work, addon=True, checkout=baseline) as c:
             yield c
     else:
         with pc.litellm(upstream, pki, work, MODEL) as c:
@@ -319,14 +343,27 @@ def main(argv: list[str] | None = None) -> int:
         help="another option for the Forge contender (e.g. forge_process_lookup=false), to "
         "see what a setting costs; results are then not recorded",
     )
+    parser.add_argument(
+        "--baseline-checkout",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run the Forge of another checkout (e.g. git worktree add DIR HEAD~1), "
+        "as contender forge-baseline, to measure a change side by side; results are then "
+        "not recorded",
+    )
     args = parser.parse_args(argv)
-    if args.forge_set:
-        args.no_record = True  # the recorded figures are Forge's defaults
+    if args.forge_set or args.baseline_checkout:
+        args.no_record = True  # the recorded figures are Forge's defaults, alone
+    if args.baseline_checkout and not (args.baseline_checkout / pc.ADDON_IN_REPO).is_file():
+        parser.error(f"--baseline-checkout {args.baseline_checkout}: no {pc.ADDON_IN_REPO} there")
     base = FULL if args.full else QUICK
     sizes = Sizes(
         *(max(1, math.ceil(getattr(base, f) * args.scale)) for f in Sizes.__dataclass_fields__)
     )
     names = [n for n in CONTENDERS if n not in args.skip]
+    if args.baseline_checkout:
+        names.insert(names.index("forge") + 1 if "forge" in names else 1, "forge-baseline")
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="forge-bench-proxy-") as tmp:
         work = Path(tmp)
@@ -337,24 +374,33 @@ def main(argv: list[str] | None = None) -> int:
                 for name in names:
                     print(f"-- {name}: starting", flush=True)
                     contenders.append(
-                        stack.enter_context(start(name, upstream, pki, work, args.forge_set))
+                        stack.enter_context(
+                            start(
+                                name, upstream, pki, work, args.forge_set, args.baseline_checkout
+                            )
+                        )
                     )
                 print(f"-- all started ({time.monotonic() - began:.0f} s); measuring", flush=True)
                 by_name, sent = measure_all(contenders, sizes, args.rounds, args.stream_words)
             stats = pc.upstream_stats(upstream, pki)
-        if "forge" in by_name:  # Forge has stopped (shards flushed): it recorded every call
-            recorded, bad = count_recorded(work / "forge-run")
-            by_name["forge"] = replace(by_name["forge"], recorded_calls=recorded)
-            if recorded != sent["forge"] or bad:
+        for forge in ("forge", "forge-baseline"):
+            if forge not in by_name:
+                continue
+            # It has stopped (shards flushed): it recorded every call it passed.
+            recorded, bad = count_recorded(work / f"{forge}-run")
+            by_name[forge] = replace(by_name[forge], recorded_calls=recorded)
+            if recorded != sent[forge] or bad:
                 print(
-                    f"error: Forge recorded {recorded} calls of the {sent['forge']} it passed, "
-                    f"{bad} of them not whole",
+                    f"error: {forge} recorded {recorded} calls of the {sent[forge]} it "
+                    f"passed, {bad} of them not whole",
                     file=sys.stderr,
                 )
                 return 1
     figures, missing = compute_figures(by_name)
     table = render_table(by_name)
     ratios = render_ratios(figures)
+    if "forge" in by_name and "forge-baseline" in by_name:
+        ratios += "\n" + render_vs_baseline(by_name["forge"], by_name["forge-baseline"])
     print()
     print(table)
     print(ratios)

@@ -37,6 +37,7 @@ from bench.proxy_load import BENCH_KEY, Route
 from mitm_addon.launch import ADDON, free_port, mitmdump_path
 
 REPO = Path(__file__).resolve().parent.parent
+ADDON_IN_REPO = ADDON.relative_to(REPO)
 LITELLM_VENV = REPO / "bench" / ".venv-litellm"
 _START_TIMEOUT_S = 120.0  # LiteLLM imports for ~20 s on a busy 2-core machine
 
@@ -114,11 +115,18 @@ def direct(upstream: str, cafile: Path) -> Iterator[Contender]:
 
 @contextlib.contextmanager
 def mitmdump(
-    upstream: str, pki: Pki, work: Path, addon: bool, extra: Sequence[str] = ()
+    upstream: str,
+    pki: Pki,
+    work: Path,
+    addon: bool,
+    extra: Sequence[str] = (),
+    checkout: Path | None = None,
 ) -> Iterator[Contender]:
     """Bare mitmdump (``addon=False``) or Forge in record mode (``addon=True``); ``extra``:
-    more ``--set`` options."""
-    name = "forge" if addon else "mitmdump"
+    more ``--set`` options; ``checkout``: the Forge of another checkout of this repository
+    (``forge-baseline``, to measure a change against the code before it)."""
+    name = ("forge-baseline" if checkout else "forge") if addon else "mitmdump"
+    root = checkout.resolve() if checkout else REPO
     port = free_port()
     confdir = work / "mitmproxy-conf"  # shared: the CA is made once
     confdir.mkdir(mode=0o700, exist_ok=True)
@@ -140,10 +148,10 @@ def mitmdump(
     ]
     ready = work / f".{name}-ready.json"
     if addon:
-        forge_dir = work / "forge-run"
+        forge_dir = work / f"{name}-run"
         cmd += [
             "-s",
-            str(ADDON),
+            str(root / ADDON_IN_REPO),
             "--set",
             f"forge_dir={forge_dir}",
             "--set",
@@ -155,7 +163,7 @@ def mitmdump(
         cmd += ["--set", "stream_large_bodies=1"]
     for option in extra:
         cmd += ["--set", option]
-    with _process(cmd, log, cwd=REPO) as process:
+    with _process(cmd, log, cwd=root) as process:
         if addon:
             _wait_file(ready, process, log)
         _wait_listening(port, process, log)

@@ -22,6 +22,7 @@ import re
 import socket
 import time
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -34,7 +35,7 @@ from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.ids import new_id
 from mitm_addon.redact import REDACTED, redact_headers, redact_query, scrub_body
-from mitm_addon.tee import Tee
+from mitm_addon.tee import ReplyTee, Tee
 from mitm_addon.writer import Writer, found_process
 
 log = logging.getLogger(__name__)
@@ -198,12 +199,34 @@ class Recording:
             return  # answered here, whole: nothing to tee
         assert self.shared.config is not None
         capture = state.capture
+        length: int | None = None
+        chunked = False
         for name, value in flow.response.headers.fields:  # no mitmproxy lookup: it decodes all
-            if name.lower() == b"content-type" and b"text/event-stream" in value:
+            name = name.lower()
+            if name == b"content-type" and b"text/event-stream" in value:
                 capture.transport = "sse"
-        tee = Tee(self.shared.config.max_body_bytes)
+            elif name == b"content-length" and value.strip().isdigit():
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        tee = ReplyTee(
+            self.shared.config.max_body_bytes,
+            partial(self._end_before_last_byte, flow, state),
+            length=None if chunked else length,
+            events=capture.transport == "sse",
+        )
         flow.response.stream = tee
         state.response_tee = tee
+
+    def _end_before_last_byte(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """The response's body has ended upstream: log the call's end now, while its last
+        bytes wait (``ReplyTee``), not after the client has them."""
+        if state.capture is None:
+            return
+        try:
+            self._end(flow, state, None)
+        except Exception:  # a bug here must not cut the reply off
+            log.exception("forge: cannot log the end of %s", flow.request.path)
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = FlowState.of(flow)

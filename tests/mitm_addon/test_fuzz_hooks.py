@@ -218,18 +218,22 @@ def drive(a: ForgeAddons, f: http.HTTPFlow, plan: Plan, delivered: list[bytes]) 
         a.error(f)
         return
     f.response = http.Response.make(plan.status, b"", http.Headers(plan.response_headers))
+    # The length upstream declared: a cut body never reached it (else it was not cut).
+    declared = sum(map(len, plan.chunks)) + (plan.outcome == "cut")
+    f.response.headers["content-length"] = str(declared)
     a.responseheaders(f)
     yield "responseheaders"
     tee = f.response.stream
     chunks = plan.chunks if plan.outcome == "complete" else plan.chunks[: plan.cut_after]
     for chunk in chunks:
-        delivered.append(tee(chunk) if callable(tee) else chunk)
+        delivered.append(b"".join(tee(chunk)) if callable(tee) else chunk)
         yield "chunk"
     if plan.outcome == "cut":
         f.error = Error("peer closed connection without sending complete message body")
         a.error(f)
         return
     if callable(tee):
+        delivered.append(b"".join(tee(b"")))  # the body's end: what was held back passes
         f.response.data.content = None  # a streamed body is not kept on the flow
     else:
         f.response.raw_content = b"".join(chunks)
@@ -257,7 +261,9 @@ def run_flows(plans_: Sequence[Plan], schedule: Sequence[int], **options: Any) -
         run = Path(tmp) / "run"
         a = ForgeAddons()
         with addon_context(a):
-            a.configure(forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", **options)
+            a.configure(
+                forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", **options
+            )
             a.running()
             flows = [_flow(p) for p in plans_]
             delivered: dict[int, list[bytes]] = {i: [] for i in range(len(flows))}
@@ -487,7 +493,10 @@ def test_a_huge_stream_passes_whole_while_the_tee_keeps_at_most_its_limit(tmp_pa
     a = ForgeAddons()
     with addon_context(a):
         a.configure(
-            forge_dir=str(run), forge_process_lookup=False, forge_builder="thread", forge_max_body_bytes=TEE_LIMIT
+            forge_dir=str(run),
+            forge_process_lookup=False,
+            forge_builder="thread",
+            forge_max_body_bytes=TEE_LIMIT,
         )
         a.running()
         plan = Plan(
@@ -500,7 +509,9 @@ def test_a_huge_stream_passes_whole_while_the_tee_keeps_at_most_its_limit(tmp_pa
         )
         f = _flow(plan)
         a.request(f)
-        f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+        f.response = http.Response.make(
+            200, b"", {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+        )
         a.responseheaders(f)
         tee = f.response.stream
         assert isinstance(tee, Tee)
@@ -511,8 +522,11 @@ def test_a_huge_stream_passes_whole_while_the_tee_keeps_at_most_its_limit(tmp_pa
             base = tracemalloc.get_traced_memory()[0]
             for chunk in anthropic_stream(HUGE_BYTES):
                 sent.update(chunk)
-                passed.update(tee(chunk))
+                for piece in tee(chunk):
+                    passed.update(piece)
                 total += len(chunk)
+            for piece in tee(b""):
+                passed.update(piece)
             peak = tracemalloc.get_traced_memory()[1] - base
         finally:
             tracemalloc.stop()
