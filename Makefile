@@ -40,12 +40,16 @@ test: setup harnesses lint test-fast test-slow
 test-fast: setup
 	$(PY) -m pytest -m "not slow" -q
 
-test-slow: setup harnesses
-	$(PY) -m pytest -m slow -q
+# vLLM's tests run under `make test-vllm` (its own venv); LiteLLM's proxy is the
+# benchmark's baseline, checked here against its bench venv.
+test-slow: setup harnesses bench-setup
+	$(PY) -m pytest -m "slow and not vllm" -q
 
-# Property-based fuzzing at full size: 25,500 generated cases and a 100 MB stream (2-4 min).
+# Property-based fuzzing at full size (25,500 generated cases and a 100 MB stream), then
+# 20 rounds of SIGKILL under load, 48 clients, each round's accounting printed (6-10 min).
 soak: setup
 	FORGE_SOAK=1 $(PY) -m pytest tests/mitm_addon/test_fuzz_parsers.py tests/mitm_addon/test_fuzz_hooks.py -q --timeout=1800
+	FORGE_SOAK=1 $(PY) -m pytest tests/e2e/test_kill_under_load.py -q -s --timeout=1800
 
 # Every benchmark (proxy overhead, storage, pipeline) at its quoted size; the figures go to
 # bench/results.json and the table to bench/results.md (machine and date included).

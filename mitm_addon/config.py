@@ -60,6 +60,8 @@ class Config:
     max_body_bytes: int = 256 * 1024 * 1024
     on_write_error: OnWriteError = "fail"
     min_free_bytes: int = 64 * 1024 * 1024
+    reserve_bytes: int = 64 * 1024 * 1024  # preallocated to finish the calls in flight
+    proxy_password: str | None = None  # clients must send it (any user: the rollout id)
     process_lookup: bool = True
     refuse_websocket: bool = False
     builder: Builder = "process"  # where shards are built: a child process, or a thread
@@ -167,3 +169,22 @@ def parse_non_negative(name: str, value: int) -> int:
     if value < 0:
         raise ConfigError(f"{name} must be >= 0, got {value}")
     return value
+
+
+def parse_proxy_password(value: str) -> str | None:
+    """``forge_proxy_password``: the password itself, or ``@FILE`` to read it from a file
+    (its first line), so that it need not sit on a command line."""
+    if not value:
+        return None
+    if not value.startswith("@"):
+        return value
+    path = Path(value[1:]).expanduser()
+    try:
+        password = (
+            path.read_text(encoding="utf-8").splitlines()[0].strip() if path.stat().st_size else ""
+        )
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"forge_proxy_password: cannot read {path}: {e}") from e
+    if not password:
+        raise ConfigError(f"forge_proxy_password: {path} is empty")
+    return password

@@ -116,13 +116,21 @@ def scrub_body(body: bytes, secrets: Iterable[str], redaction: Redaction) -> byt
 
 def proxy_auth_user(value: str | None) -> str | None:
     """The user name of a ``Proxy-Authorization: Basic ...`` header (the rollout id)."""
+    credentials = proxy_credentials(value)
+    return (credentials[0] or None) if credentials else None
+
+
+def proxy_credentials(value: str | None) -> tuple[str, str] | None:
+    """(user, password) of a ``Proxy-Authorization: Basic ...`` header; None without one."""
     if not value:
         return None
     scheme, _, token = value.strip().partition(" ")
     if scheme.lower() != "basic" or not token:
         return None
     try:
-        user = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")[0]
+        user, _, password = (
+            base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+        )
     except (binascii.Error, UnicodeDecodeError):
         return None
-    return user or None
+    return user, password

@@ -80,6 +80,7 @@ class Writer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._builder: _Runner | None = None
+        self.reserve = Reserve(self.wal.directory / RESERVE_FILE, config.reserve_bytes)
         self.last_error: str | None = None
 
     @property
@@ -97,9 +98,17 @@ class Writer:
     # -- hooks (event loop thread) ---------------------------------------------------
 
     def begin(self, capture: Capture) -> None:
-        """Log that a call started. Raises OSError when the log cannot be written, or when
-        less than ``min_free_bytes`` is free: the call's response must fit too."""
+        """Log that a call started. Raises OSError when the log cannot be written, when
+        less than ``min_free_bytes`` is free, or when the reserve is spent: the call's
+        end must fit too."""
         self._check_free_space()
+        if not self.reserve.held and not self.reserve.take_back():
+            raise OSError(
+                errno.ENOSPC,
+                f"the disk under {self.root} filled up and the write-ahead log's reserve "
+                f"(forge_reserve_bytes, {self.config.reserve_bytes / 2**20:.1f} MiB) went to "
+                "the calls in flight; new calls are refused until that much is free again",
+            )
         frame = wal_mod.encode_frame(wal_mod.BEGIN, dumps(capture.begin_header()), b"")
         with self.wal.lock:
             self.wal.append_locked(frame)
@@ -136,7 +145,17 @@ class Writer:
             header["process_pending"] = True
         frame = wal_mod.encode_frame(wal_mod.END, dumps(header), *blob)
         with self.wal.lock:
-            self.wal.append_locked(frame)
+            try:
+                self.wal.append_locked(frame)
+            except OSError as e:
+                # The disk is full: the reserve is for this. Its blocks go back to the file
+                # system and the frame is appended again (what the failed write left of it
+                # is a torn frame, which reading skips).
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.reserve.give_up():
+                    raise
+                log.error("forge: the disk under %s is full; the write-ahead log's reserve "
+                          "finishes the calls in flight, new calls are refused", self.root)  # fmt: skip
+                self.wal.append_locked(frame)
             self._appended += 1
             if pending:
                 self._open[capture.call_id] = frame
@@ -179,6 +198,9 @@ class Writer:
 
     def start(self) -> builder_mod.Report:
         """Recover what an earlier proxy left in the WAL, then start the builder."""
+        if not self.reserve.take_back(force=True):
+            log.error("forge: cannot preallocate the write-ahead log's reserve (%s); new calls "
+                      "are write errors until it can be", self.reserve.last_error)  # fmt: skip
         temporaries = remove_stale_temporaries(self.root)
         report = builder_mod.recover(self.settings, self.wal.seq)
         report.temporaries = temporaries
@@ -216,6 +238,7 @@ class Writer:
             log.error(
                 "forge: not every call reached a shard; the rest stays in %s", self.wal.directory
             )
+        self.reserve.remove()
         self.wal.close()
 
     # -- the forge-wal thread ------------------------------------------------------------
@@ -279,6 +302,69 @@ class Writer:
             with self._endpoints_lock:
                 self._endpoints.update(counts)
             raise
+
+
+RESERVE_FILE = "reserve"
+_RETAKE_S = 0.5  # while the reserve is spent, it is tried again at most this often
+
+
+class Reserve:
+    """Disk space held for the ends of the calls in flight: a file of ``size`` allocated
+    bytes (``posix_fallocate``) next to the log's segments. When an end cannot be
+    appended because the disk is full, the file is emptied (its blocks freed) and the
+    append tried again; new calls are refused until the whole reserve can be allocated
+    again."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self.held = size == 0
+        self.spent = False  # given up to finish calls, not taken back yet
+        self.last_error: str | None = None
+        self._next_try = 0.0
+
+    def take_back(self, force: bool = False) -> bool:
+        """Allocate the reserve (at most every ``_RETAKE_S`` unless ``force``)."""
+        if self.held:
+            return True
+        now = time.monotonic()
+        if not force and now < self._next_try:
+            return False
+        self._next_try = now + _RETAKE_S
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self.last_error = str(e)
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, 0)  # what it did allocate goes back
+            return False
+        if self.spent:
+            log.warning("forge: the write-ahead log's reserve is whole again; new calls are "
+                        "accepted")  # fmt: skip
+        self.held, self.spent = True, False
+        return True
+
+    def give_up(self) -> bool:
+        """Free the reserve's blocks; False when there was none to free."""
+        if not self.held or self.size == 0:
+            return False
+        try:
+            os.truncate(self.path, 0)
+        except OSError as e:
+            self.last_error = str(e)
+            return False
+        self.held, self.spent = False, True
+        self._next_try = time.monotonic() + _RETAKE_S
+        return True
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        self.held = self.size == 0
 
 
 def found_process(

@@ -9,6 +9,7 @@ other addons see it: the recorder opens its record from it, serve mode answers f
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from typing import Any
@@ -20,7 +21,7 @@ from mitm_addon.addons.state import FlowState, Route, Shared
 from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.protocols.base import Adapter
-from mitm_addon.redact import proxy_auth_user
+from mitm_addon.redact import proxy_auth_user, proxy_credentials
 from mitm_addon.serve.handler import answers_locally, serves_model
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,38 @@ class Routing:
     # -- connections ---------------------------------------------------------------------
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
+        if not self._authorized(flow):
+            return
         user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
         if user:
             self.shared.conn_rollout[flow.client_conn.id] = user
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.shared.conn_rollout.pop(client.id, None)
+        self.shared.authorized.discard(client.id)
+
+    def _authorized(self, flow: http.HTTPFlow) -> bool:
+        """With ``forge_proxy_password``, a connection's first request (its CONNECT, or a
+        plain proxy request) must carry proxy credentials with that password, whatever the
+        user name (the rollout id); else it is answered 407."""
+        config = self.shared.config
+        if config is None or config.proxy_password is None:
+            return True
+        if flow.client_conn.id in self.shared.authorized:
+            return True
+        credentials = proxy_credentials(flow.request.headers.get("proxy-authorization"))
+        if credentials is not None and hmac.compare_digest(
+            credentials[1].encode(), config.proxy_password.encode()
+        ):
+            self.shared.authorized.add(flow.client_conn.id)
+            return True
+        flow.response = http.Response.make(
+            407,
+            b"Forge: this proxy needs credentials (http://ROLLOUT:PASSWORD@host:port, the "
+            b"password of forge_proxy_password)\n",
+            {"proxy-authenticate": 'Basic realm="forge"', "content-type": "text/plain"},
+        )
+        return False
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         config = self.shared.config
@@ -73,6 +100,8 @@ class Routing:
         call that needs its body before it is sent (serve mode, an unknown path that may
         be a model call, a chunked or oversized body, a WebSocket) is routed by ``request``.
         """
+        if not self._authorized(flow):
+            return
         config, request = self.shared.config, flow.request
         if config is None or config.mode != "record" or self.shared.not_recording():
             return
@@ -104,8 +133,8 @@ class Routing:
         self._take(flow, host, Route.MODEL, streamed=True)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if FlowState.of(flow) is not None:
-            return  # routed at its headers
+        if FlowState.of(flow) is not None or not self._authorized(flow):
+            return  # routed at its headers, or refused (407)
         config = self.shared.config
         self._take_proxy_auth(flow)
         if config is None:

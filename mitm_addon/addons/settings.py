@@ -78,6 +78,15 @@ class Settings:
             "(HTTPS_PROXY=http://ROLLOUT:x@host:port) .",
         )
         loader.add_option(
+            "forge_proxy_password",
+            str,
+            "",
+            "Require proxy credentials with this password (@FILE: read it from FILE) from "
+            "every client; the user name is free and names the rollout "
+            "(HTTPS_PROXY=http://ROLLOUT:PASSWORD@host:port). Needed to listen beyond "
+            "loopback (or mitmproxy's proxyauth, whose fixed user then names no rollout).",
+        )
+        loader.add_option(
             "forge_hosts",
             str,
             ",".join(cfg.DEFAULT_HOSTS),
@@ -140,6 +149,14 @@ class Settings:
             "passed that could not be logged. 0 turns the check off.",
         )
         loader.add_option(
+            "forge_reserve_bytes",
+            int,
+            64 * 1024 * 1024,
+            "Disk space the write-ahead log preallocates under forge_dir (wal/reserve) and "
+            "gives up when the disk fills, so that the calls already passed can still be "
+            "logged; until it is whole again, new calls are write errors. 0: no reserve.",
+        )
+        loader.add_option(
             "forge_process_lookup",
             bool,
             True,
@@ -177,7 +194,7 @@ class Settings:
         o = ctx.options
         if "connection_strategy" in updated:
             self._lazy_connections()
-        if "listen_host" in o and ("listen_host" in updated or "proxyauth" in updated):
+        if "listen_host" in o and updated & {"listen_host", "proxyauth", "forge_proxy_password"}:
             self._loopback_unless_asked()
         if "stream_large_bodies" in updated and o.stream_large_bodies:
             # mitmproxy would stream a large request past the addon, which then records
@@ -221,7 +238,7 @@ class Settings:
             if o.listen_host != "127.0.0.1":
                 o.update(listen_host="127.0.0.1")
             return
-        check_listen_host(o.listen_host, o.proxyauth)
+        check_listen_host(o.listen_host, o.proxyauth, o.forge_proxy_password)
 
 
 def set_by_user(name: str) -> bool:
@@ -238,6 +255,7 @@ def parse_config(o: optmanager.OptManager) -> cfg.Config:
         out_dir=out,
         mode=cfg.parse_choice("forge_mode", o.forge_mode, cfg.MODES),
         rollout=o.forge_rollout or None,
+        proxy_password=cfg.parse_proxy_password(o.forge_proxy_password),
         hosts=cfg.parse_hosts(o.forge_hosts),
         upstreams=cfg.parse_upstreams(o.forge_upstream),
         other_hosts=cfg.parse_choice("forge_other_hosts", o.forge_other_hosts, cfg.OTHER_HOSTS),
@@ -250,6 +268,7 @@ def parse_config(o: optmanager.OptManager) -> cfg.Config:
             "forge_on_write_error", o.forge_on_write_error, cfg.ON_WRITE_ERROR
         ),
         min_free_bytes=cfg.parse_non_negative("forge_min_free_bytes", o.forge_min_free_bytes),
+        reserve_bytes=cfg.parse_non_negative("forge_reserve_bytes", o.forge_reserve_bytes),
         process_lookup=o.forge_process_lookup,
         refuse_websocket=o.forge_refuse_websocket,
         builder=cfg.parse_choice("forge_builder", o.forge_builder, cfg.BUILDERS),
@@ -260,17 +279,26 @@ def parse_config(o: optmanager.OptManager) -> cfg.Config:
     )
 
 
-def check_listen_host(host: str, proxyauth: str | None) -> None:
+def check_listen_host(host: str, proxyauth: str | None, forge_password: str = "") -> None:
     """Listening beyond loopback (every interface, for an empty host) exposes the
-    harness's traffic: require proxy authentication."""
+    harness's traffic: require proxy authentication, Forge's (``forge_proxy_password``)
+    or mitmproxy's (``proxyauth``, but not ``any``, which accepts anyone)."""
+    if proxyauth and forge_password:
+        raise exceptions.OptionsError(
+            "proxyauth and forge_proxy_password both ask clients for credentials: set one "
+            "(forge_proxy_password keeps the user name free for the rollout id)"
+        )
     if host in ("localhost", "::1") or host.startswith("127."):
         return
-    if not proxyauth:
-        where = f"listen_host={host}" if host else "listen_host= (every interface)"
-        raise exceptions.OptionsError(
-            f"{where} would let anyone on the network use this proxy and read the "
-            "calls it records; set proxyauth (e.g. --proxyauth USER:PASS) or listen on 127.0.0.1"
-        )
+    if forge_password or (proxyauth and proxyauth.strip().lower() != "any"):
+        return
+    where = f"listen_host={host}" if host else "listen_host= (every interface)"
+    raise exceptions.OptionsError(
+        f"{where} would let anyone on the network use this proxy and read the calls it "
+        "records; set forge_proxy_password (e.g. --set forge_proxy_password=@FILE; the "
+        "user name then names the rollout) or proxyauth USER:PASS (not any), or listen on "
+        "127.0.0.1"
+    )
 
 
 def check_writable(directory: Path) -> None:

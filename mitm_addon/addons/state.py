@@ -28,6 +28,8 @@ class Shared:
         self.run_id = new_id("run-")
         # Routing: connection id -> the rollout its proxy credentials name.
         self.conn_rollout: dict[str, str] = {}
+        # Routing: connections whose proxy credentials held forge_proxy_password.
+        self.authorized: set[str] = set()
 
     def not_recording(self) -> str | None:
         """Why no call can be recorded now (None: calls are recorded)."""

@@ -1,9 +1,10 @@
 """A full disk under a running proxy: calls are refused loudly (the default) or passed with a
 warning when the user chose so (`forge_on_write_error=warn`); nothing passes silently.
 
-The disk is an 8 MiB tmpfs mounted for the test (root only, as CI runs), filled after the
-proxy started until less than `forge_min_free_bytes` (2 MiB here) is left: the proxy's
-reserve for the responses of calls it lets start.
+The disk is a tmpfs mounted for the test (root only, as CI runs). Filled until less than
+`forge_min_free_bytes` is left, new calls are refused before they start. Filled to the
+last byte under a call in flight, the write-ahead log's reserve (`forge_reserve_bytes`,
+preallocated) takes that call's end, and new calls are refused until it is whole again.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,9 +32,11 @@ if not sys.platform.startswith("linux") or os.geteuid() != 0:
 
 
 @contextlib.contextmanager
-def small_disk(where: Path) -> Iterator[Path]:
+def small_disk(where: Path, size: str = "8m") -> Iterator[Path]:
     where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "forge-test", str(where)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "forge-test", str(where)], check=True
+    )
     try:
         yield where
     finally:
@@ -39,7 +44,7 @@ def small_disk(where: Path) -> Iterator[Path]:
 
 
 RESERVE = 2 * 1024 * 1024
-RESERVE_OPTION = [f"forge_min_free_bytes={RESERVE}"]
+RESERVE_OPTION = [f"forge_min_free_bytes={RESERVE}", "forge_reserve_bytes=0"]
 
 
 def free_bytes(disk: Path) -> int:
@@ -113,3 +118,58 @@ def test_a_full_disk_with_warn_passes_calls_and_says_so(tmp_path: Path, confdir:
         log.write_text(text)
         assert files_containing(disk / "run", SECRETS) == []
     assert "cannot append to the write-ahead log" in text and "forge_min_free_bytes" in text
+
+
+def fill_to_the_last_byte(disk: Path) -> Path:
+    """Write a file until the disk refuses (ENOSPC); returns it."""
+    ballast = disk / "ballast"
+    with ballast.open("wb", buffering=0) as f:
+        for _ in range(100_000):  # bounded: 16 MiB is 4096 writes of 4 kB
+            try:
+                f.write(b"\0" * 4096)
+            except OSError:
+                break
+    assert free_bytes(disk) < 4096
+    return ballast
+
+
+def test_a_call_in_flight_when_the_disk_fills_is_finished_from_the_reserve(
+    tmp_path: Path, confdir: Path
+) -> None:
+    """A real write error: the END frame does not fit; the reserve is given up for it, the
+    call is recorded complete, the next call is refused (507) before it starts, and calls
+    pass again once the reserve is whole."""
+    reserve = 2 * 1024 * 1024
+    options = ["forge_min_free_bytes=0", f"forge_reserve_bytes={reserve}"]
+    # A reply larger than any slack left in the log's last page: its END frame cannot fit.
+    long = " ".join(f"w{i}" for i in range(20_000))
+    with small_disk(tmp_path / "disk", "16m") as disk, ScriptedUpstream([{"text": long}]) as up:
+        out = disk / "run"
+        with (
+            forge_proxy(out, confdir, {"api.openai.com": up.base_url}, options) as proxy,
+            openai_client(proxy) as client,
+        ):
+            assert (out / "wal" / "reserve").stat().st_blocks * 512 >= reserve
+            up.first_event_delay_s = 2.0  # the next reply waits upstream while the disk fills
+            answer: list[str] = []
+            in_flight = threading.Thread(target=lambda: answer.append(ask(client, "in flight")))
+            in_flight.start()
+            up.wait_for_requests(1)
+            ballast = fill_to_the_last_byte(disk)
+            up.first_event_delay_s = 0.0
+            in_flight.join(30)
+            assert answer == [long]
+            with pytest.raises(openai.APIStatusError) as refused:
+                ask(client, "while full")
+            assert refused.value.status_code == 507
+            assert "forge_reserve_bytes" in str(refused.value)
+            assert len(up.received) == 1, "the refused call reached the provider"
+            ballast.unlink()
+            time.sleep(0.6)  # the reserve is tried again at most twice a second
+            assert ask(client, "after") == long
+        recorded = connect(out).sql("select status from calls order by started_at").fetchall()
+        assert recorded == [("complete",), ("complete",)]
+        text = (out / "proxy.log").read_text(errors="replace")
+        assert "reserve finishes the calls in flight" in text
+        assert not (out / "wal" / "reserve").exists(), "a clean stop gives the reserve back"
+        assert files_containing(out, SECRETS) == []

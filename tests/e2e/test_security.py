@@ -11,9 +11,21 @@ import sys
 from pathlib import Path
 
 import certifi
+import httpx
+import pytest
 
-from mitm_addon.launch import ADDON, free_port, mitmdump_path, system_ca_file
-from tests.support.forge_proxy import forge_proxy
+from mitm_addon.launch import (
+    ADDON,
+    ProxySettings,
+    free_port,
+    mitmdump_path,
+    start_proxy,
+    stop_proxy_process,
+    system_ca_file,
+)
+from pipeline.store import connect
+from tests.support.forge_proxy import OPENAI_KEY, files_containing, forge_proxy
+from tests.support.upstream import ScriptedUpstream
 
 
 def run_mitmdump(tmp_path: Path, confdir: Path, *args: str) -> str:
@@ -46,7 +58,10 @@ def test_listening_beyond_loopback_without_proxy_auth_is_refused(
     tmp_path: Path, confdir: Path
 ) -> None:
     log = run_mitmdump(tmp_path, confdir, "--listen-host", "0.0.0.0")
-    assert "set proxyauth" in log and "exiting" in log, log
+    assert "set forge_proxy_password" in log and "exiting" in log, log
+    # mitmproxy's proxyauth=any accepts any credentials: no authentication at all.
+    log = run_mitmdump(tmp_path, confdir, "--listen-host", "0.0.0.0", "--proxyauth", "any")
+    assert "set forge_proxy_password" in log and "exiting" in log, log
 
 
 def test_listening_on_every_interface_when_asked_needs_proxy_auth(
@@ -54,7 +69,53 @@ def test_listening_on_every_interface_when_asked_needs_proxy_auth(
 ) -> None:
     # An empty listen_host, given on purpose, is every interface: not overridden, refused.
     log = run_mitmdump(tmp_path, confdir, "--listen-host", "")
-    assert "listen_host= (every interface)" in log and "set proxyauth" in log, log
+    assert "listen_host= (every interface)" in log and "set forge_proxy_password" in log, log
+
+
+PROXY_PASSWORD = "forge-proxy-pw-0123456789abcdef"
+
+
+def test_beyond_loopback_clients_need_the_proxy_password_and_the_user_names_the_rollout(
+    tmp_path: Path, confdir: Path
+) -> None:
+    secret = tmp_path / "proxy-password"
+    secret.write_text(PROXY_PASSWORD + "\n")
+    secret.chmod(0o600)
+    out = tmp_path / "run"
+    with ScriptedUpstream([{"text": "ok"}]) as up:
+        proxy = start_proxy(
+            ProxySettings(
+                out_dir=out,
+                confdir=confdir,
+                listen_host="0.0.0.0",
+                upstreams=[f"api.openai.com={up.base_url}"],
+                extra=[f"forge_proxy_password=@{secret}"],
+            )
+        )
+        try:
+            ctx = ssl.create_default_context(cafile=str(proxy.ca_cert))
+
+            def ask(credentials: str) -> int:
+                with httpx.Client(
+                    proxy=f"http://{credentials}127.0.0.1:{proxy.port}", verify=ctx, timeout=20
+                ) as client:
+                    return client.post(
+                        "https://api.openai.com/v1/chat/completions",
+                        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+                        headers={"authorization": f"Bearer {OPENAI_KEY}"},
+                    ).status_code
+
+            for wrong in ("", "r-1:wrong@", "r-1:@"):
+                with pytest.raises(httpx.ProxyError, match="407"):
+                    ask(wrong)
+            assert ask(f"r-42:{PROXY_PASSWORD}@") == 200
+            assert len(up.received) == 1
+            assert "proxy-authorization" not in up.received[0].headers
+        finally:
+            stop_proxy_process(proxy.process)
+    (row,) = connect(out).execute("SELECT rollout_id, rollout_source FROM calls").fetchall()
+    assert row == ("r-42", "proxy_auth")
+    assert files_containing(out, [PROXY_PASSWORD, OPENAI_KEY]) == []
 
 
 def test_an_eager_connection_strategy_the_user_set_is_refused_not_overridden(

@@ -128,11 +128,18 @@ def respond(
     addon: ForgeAddons, f: http.HTTPFlow, status: int, content_type: str, chunks: list[bytes]
 ) -> bytes:
     """Drive responseheaders -> stream chunks -> response, as mitmproxy does; returns what the client got."""
+    # As upstream sends them: an event stream chunked, anything else with its length.
+    framing = (
+        {"transfer-encoding": "chunked"}
+        if content_type == "text/event-stream"
+        else {"content-length": str(sum(map(len, chunks)))}
+    )
     f.response = http.Response.make(status, b"", {"content-type": content_type})
+    f.response.headers.update(framing)
     addon.responseheaders(f)
     stream = f.response.stream
     assert isinstance(stream, Tee), "LLM responses must be teed, not buffered"
-    delivered = b"".join(stream(c) for c in chunks)
+    delivered = b"".join(piece for c in [*chunks, b""] for piece in stream(c))
     f.response.content = None
     addon.response(f)
     return delivered
@@ -212,6 +219,8 @@ def test_upstream_option_reroutes_the_call(addon) -> None:
         ("forge_rotate_rows", "0"),
         ("forge_on_write_error", "ignore"),
         ("forge_min_free_bytes", "-1"),
+        ("forge_reserve_bytes", "-1"),
+        ("forge_proxy_password", "@/nonexistent/forge-password"),
         ("stream_large_bodies", "1m"),
     ],
 )
@@ -270,7 +279,9 @@ def test_client_closing_after_last_event_still_yields_a_complete_row(addon, tmp_
     body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
     f = llm_flow("api.openai.com", "/v1/chat/completions", body)
     a.request(f)
-    f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    f.response = http.Response.make(
+        200, b"", {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+    )
     a.responseheaders(f)
     f.response.stream((WIRE / "openai_chat" / "stream_tool.sse").read_bytes())
     from mitmproxy.flow import Error
@@ -287,7 +298,9 @@ def test_stream_cut_before_its_final_event_is_incomplete(addon, tmp_path: Path) 
     body = (WIRE / "openai_chat" / "request_tool.json").read_bytes()
     f = llm_flow("api.openai.com", "/v1/chat/completions", body)
     a.request(f)
-    f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    f.response = http.Response.make(
+        200, b"", {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+    )
     a.responseheaders(f)
     sse = (WIRE / "openai_chat" / "stream_tool.sse").read_bytes()
     f.response.stream(sse[: len(sse) // 2])
@@ -448,3 +461,133 @@ def test_requests_that_need_their_whole_body_are_not_streamed(addon, case: str) 
     f.request.content = body  # buffered: the request hook sees it whole
     a.request(f)
     assert (capture_of(f) is not None) == (case != "other-host")
+
+
+def _ends_in_wal(run: Path) -> int:
+    """END frames in the write-ahead log's segments now."""
+    from mitm_addon import wal
+
+    frames = []
+    for seg in sorted((run / "wal").glob("*.wal")):
+        frames += wal.read_frames(seg.read_bytes())[0]
+    return sum(1 for kind, _, _ in frames if kind == wal.END)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "framing", "chunks", "passed", "whole"),
+    [
+        # JSON with its length: the chunk that completes it waits for the END frame.
+        ("application/json", "length", [b'{"id": "chatcmpl-1", ', b'"choices": []}'], [1, 2], 2),
+        # Chat's [DONE], split across two chunks: its first half passes (it is no line yet).
+        (
+            "text/event-stream",
+            "chunked",
+            [b'data: {"id": "c", "choices": []}\n\n', b"data: [DO", b"NE]\n\n"],
+            [1, 2, 3],
+            3,
+        ),
+        # Anthropic's message_stop: held from its event line to the blank line that ends it.
+        (
+            "text/event-stream",
+            "chunked",
+            [
+                b"event: message_start\ndata: {}\n\n",
+                b"event: message_stop\n",
+                b'data: {"type": "message_stop"}\n\n',
+            ],
+            [1, 1, 3],
+            3,
+        ),
+        # Bytes after the last event pass as they come (the END frame is already written).
+        (
+            "text/event-stream",
+            "chunked",
+            [b"event: response.completed\ndata: {}\n\n", b": keep-alive\n\n"],
+            [1, 2],
+            1,
+        ),
+    ],
+)
+def test_last_byte_of_a_reply_waits_for_its_end_frame(
+    addon,
+    tmp_path: Path,
+    content_type: str,
+    framing: str,
+    chunks: list[bytes],
+    passed: list[int],
+    whole: int,
+) -> None:
+    """``passed[i]``: how many of the chunks the client has after chunk i arrived; the
+    first ``whole`` chunks are the reply. The END frame is in the log exactly when the
+    client has the whole reply."""
+    a, _ = addon
+    run = tmp_path / "run"
+    f = llm_flow("api.openai.com", "/v1/chat/completions", b'{"model": "gpt-4.1", "messages": []}')
+    a.request(f)
+    f.response = http.Response.make(200, b"", {"content-type": content_type})
+    if framing == "chunked":
+        f.response.headers["transfer-encoding"] = "chunked"
+    else:
+        f.response.headers["content-length"] = str(sum(map(len, chunks)))
+    a.responseheaders(f)
+    stream = f.response.stream
+    assert callable(stream)
+    got = b""
+    for i, chunk in enumerate(chunks):
+        got += b"".join(stream(chunk))
+        assert got == b"".join(chunks[: passed[i]])
+        assert _ends_in_wal(run) == (1 if passed[i] >= whole else 0), f"after chunk {i}"
+    assert b"".join(stream(b"")) == b""  # the body's end: nothing was left held
+    f.response.content = None
+    a.response(f)  # already logged: not logged twice
+    a.done()
+    assert _ends_in_wal(run) <= 1
+    (row,) = rows(run)
+    assert row["response_bytes"] >= len(b"".join(chunks[:whole]))
+
+
+def test_an_event_stream_without_a_last_event_passes_every_chunk_at_once(
+    addon, tmp_path: Path
+) -> None:
+    """Chunked and without its API's last event (a cut stream): nothing is held; the body's
+    end reaches the client after the response hook, which logs the call."""
+    a, _ = addon
+    f = llm_flow("api.openai.com", "/v1/chat/completions", b'{"model": "gpt-4.1", "messages": []}')
+    a.request(f)
+    f.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    f.response.headers["transfer-encoding"] = "chunked"
+    a.responseheaders(f)
+    stream = f.response.stream
+    assert callable(stream)
+    chunks = [b'data: {"choices": []}\n\n', b'data: {"note": "data: [DONE] is text"}\n\n']
+    assert [b"".join(stream(c)) for c in chunks] == chunks
+
+
+def test_without_the_proxy_password_a_connection_gets_407_and_with_it_names_its_rollout(
+    addon, tmp_path: Path
+) -> None:
+    import base64
+
+    a, _ = addon
+    a.configure(forge_proxy_password="pw-0123456789")
+
+    def connect(credentials: str | None) -> http.HTTPFlow:
+        f = tflow.tflow()
+        f.request.method, f.request.host, f.request.port = "CONNECT", "api.openai.com", 443
+        if credentials is not None:
+            token = base64.b64encode(credentials.encode()).decode()
+            f.request.headers["proxy-authorization"] = f"Basic {token}"
+        a.http_connect(f)
+        return f
+
+    for credentials in (None, "r-1:nope", "r-1:"):
+        f = connect(credentials)
+        assert f.response is not None and f.response.status_code == 407
+        assert f.response.headers["proxy-authenticate"] == 'Basic realm="forge"'
+    f = connect("r-9:pw-0123456789")
+    assert f.response is None
+    shared = a.routing.shared
+    assert shared.conn_rollout[f.client_conn.id] == "r-9"
+    assert f.client_conn.id in shared.authorized
+    a.client_disconnected(f.client_conn)
+    assert f.client_conn.id not in shared.authorized

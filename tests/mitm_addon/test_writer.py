@@ -19,7 +19,7 @@ from mitm_addon import wal as wal_mod
 from mitm_addon.attribution import ProcessInfo
 from mitm_addon.capture import Capture
 from mitm_addon.config import Config
-from mitm_addon.writer import Writer, _ChildBuilder
+from mitm_addon.writer import Reserve, Writer, _ChildBuilder
 from pipeline.store import connect
 
 WIRE = Path(__file__).resolve().parents[1] / "fixtures" / "wire"
@@ -246,3 +246,21 @@ def test_appends_do_not_wait_for_an_fsync(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.undo()
     log.close()
     assert waited < 1.0
+
+
+def test_reserve_holds_its_blocks_until_given_up_and_is_taken_back_when_space_allows(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "reserve"
+    reserve = Reserve(path, 1 << 20)
+    assert not reserve.held
+    assert reserve.take_back()
+    assert reserve.held and path.stat().st_blocks * 512 >= 1 << 20
+    assert reserve.give_up() and not reserve.held and reserve.spent
+    assert path.stat().st_size == 0 and path.stat().st_blocks == 0
+    assert not reserve.give_up(), "nothing left to give"
+    assert not reserve.take_back(), "tried again at most twice a second"
+    assert reserve.take_back(force=True) and reserve.held and not reserve.spent
+    reserve.remove()
+    assert not path.exists()
+    assert Reserve(path, 0).held, "no reserve asked for: nothing to hold"
