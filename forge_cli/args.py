@@ -77,3 +77,36 @@ def serve_extra(args: argparse.Namespace) -> list[str]:
     if args.serve_max_tokens < 0:
         raise ForgeError(f"--serve-max-tokens must be >= 0, got {args.serve_max_tokens}")
     return serve_options(args.policy, args.tokenizer, args.serve_models, args.serve_max_tokens)
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer > 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return n
+
+
+def positive_float(value: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number > 0")
+    return x
+
+
+def port(value: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return n

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from forge_cli.args import positive_int
 from k8s_jobs.settings import K8sSettings
 from k8s_jobs.tasks import load_tasks
 
@@ -29,7 +30,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--tasks", type=Path, required=True, help="task file (.jsonl, .yaml or .yml)")
     r.add_argument("--out", type=Path, required=True, help="folder for the YAML files")
     r.add_argument("--harness", default=None, help="harness for every task (default: each task's)")
-    r.add_argument("-n", type=int, default=1, help="rollouts per task (default 1)")
+    r.add_argument("-n", type=positive_int, default=1, help="rollouts per task (default 1)")
     r.add_argument("--image", default=K8sSettings.image, help="rollout image (k8s_jobs/Dockerfile)")
     r.add_argument("--namespace", default=K8sSettings.namespace)
     r.add_argument("--model", default=None)

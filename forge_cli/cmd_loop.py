@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from forge_cli.args import positive_int
 from mitm_addon.launch import ForgeError
 
 __all__ = ["add_parser", "run"]
@@ -23,7 +24,7 @@ def add_parser(sub: Any) -> None:
         "See rl/config/demo.yaml for the settings.",
     )
     p.add_argument("--config", type=Path, required=True, help="loop settings (YAML)")
-    p.add_argument("--rounds", type=int, default=None, help="override the config's rounds")
+    p.add_argument("--rounds", type=positive_int, default=None, help="override the config's rounds")
     p.set_defaults(func=run)
 
 

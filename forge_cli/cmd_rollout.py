@@ -13,6 +13,7 @@ from forge_cli.args import (
     add_serve_arguments,
     add_set_argument,
     add_upstream_argument,
+    positive_int,
     serve_extra,
 )
 from k8s_jobs.harnesses import builtin_harnesses, load_harness_config
@@ -40,7 +41,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tasks", type=Path, default=None, help="task file (.jsonl, .yaml or .yml)")
     p.add_argument("--harness", default=None, help="harness for every task (default: each task's)")
     p.add_argument(
-        "-n", type=int, default=1, help="rollouts per task, the GRPO group size (default 1)"
+        "-n",
+        type=positive_int,
+        default=1,
+        help="rollouts per task, the GRPO group size (default 1)",
     )
     p.add_argument("--parallel", type=int, default=4, help="rollouts at once (default 4)")
     p.add_argument(

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from forge_cli.args import port
 from mitm_addon.launch import ForgeError
 
 __all__ = ["add_parser", "run"]
@@ -23,7 +24,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--model", type=Path, required=True, help="model folder")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--port", type=port, default=8000, help="listen port (default 8000)")
     p.add_argument("--served-model-name", default=None, help="model id (default: the folder)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--policy-version", type=int, default=0, help="version of these weights")

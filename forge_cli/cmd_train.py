@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from forge_cli.args import positive_float
 from mitm_addon.launch import ForgeError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--clip-ratio-high", type=float, default=None, help="DAPO clip-higher")
     p.add_argument("--kl-coef", type=float, default=0.0, help="KL loss weight to --model")
     p.add_argument("--kl-type", default="low_var_kl", help="veRL KL estimator")
-    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--lr", type=positive_float, default=1e-6)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--micro-batch-size", type=int, default=4, help="samples per forward")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from mitm_addon.launch import ForgeError
@@ -45,11 +46,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ForgeError as e:
-        print(f"forge: error: {e}", file=sys.stderr)
+        print(f"forge: error: {one_line(e)}", file=sys.stderr)
         return 2
-    except OSError as e:  # a path that cannot be read or written: said in one line
-        print(f"forge: error: {e}", file=sys.stderr)
+    except (OSError, ValueError) as e:  # a path that cannot be read or written, or input
+        # that cannot be parsed (the errors of Forge's readers name the file): one line
+        print(f"forge: error: {one_line(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("forge: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a failure no command foresaw: still one line, and how to see more
+        if os.environ.get("FORGE_DEBUG") == "1":
+            raise
+        print(
+            f"forge: error: {type(e).__name__}: {one_line(e)} (FORGE_DEBUG=1 prints the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message on one line: its lines joined, a parser's caret lines dropped."""
+    lines = (line.strip() for line in str(error).splitlines())
+    return "; ".join(line for line in lines if line.strip("^ ")) or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ def shard_paths(data_dir: str | Path, table: str) -> list[Path]:
     return sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
 
 
+class StoreError(ValueError):
+    """A run directory whose shards cannot be read (the message names them)."""
+
+
 def connect(
     data_dir: str | Path,
     con: duckdb.DuckDBPyConnection | None = None,
@@ -76,10 +80,16 @@ def connect(
         files = [str(p) for p in shard_paths(data_dir, table)]
         if files:
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            con.execute(
-                f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _schema_{table} "
-                f"UNION ALL BY NAME SELECT * FROM read_parquet([{listing}], union_by_name = true)"
-            )
+            try:
+                con.execute(
+                    f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _schema_{table} UNION ALL "
+                    f"BY NAME SELECT * FROM read_parquet([{listing}], union_by_name = true)"
+                )
+            except duckdb.Error as e:  # a file that is not Parquet, or not readable
+                message = str(e).splitlines()[0]
+                raise StoreError(
+                    f"cannot read the {table} shards under {data_dir}: {message}"
+                ) from None
         else:
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM _schema_{table}")
     for name in derived_sql_files():

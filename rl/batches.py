@@ -127,14 +127,23 @@ def read_samples(snapshot: str | Path) -> list[Sample]:
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise BatchError(f"{root} has no manifest.json: write one with `forge snapshot`")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (ValueError, OSError) as e:
+        raise BatchError(f"{manifest_path}: not a snapshot manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise BatchError(f"{manifest_path}: not a snapshot manifest (not a JSON object)")
     if manifest.get("format") != SNAPSHOT_FORMAT:
         raise BatchError(
             f"{root}: snapshot format {manifest.get('format')!r}, this trainer reads "
             f"{SNAPSHOT_FORMAT!r}"
         )
     rel = manifest.get("tables", {}).get("samples", {}).get("path", SAMPLES_FILE)
-    return samples_from_table(pq.read_table(root / rel))
+    try:
+        table = pq.read_table(root / rel)
+    except (pa.ArrowException, OSError) as e:
+        raise BatchError(f"{root / rel}: cannot read the snapshot's samples ({e})") from None
+    return samples_from_table(table)
 
 
 def read_group_stats(snapshot: str | Path) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -141,7 +142,20 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
         time.sleep(0.05)
     stop_proxy_process(process)
     tail = log_path.read_text(errors="replace")[-3000:]
-    raise ForgeError(f"the proxy did not start (log {log_path}):\n{tail}")
+    raise ForgeError(f"the proxy did not start: {start_failure(tail)} (its log: {log_path})")
+
+
+_FAILURE = re.compile(r"(?:\b[A-Za-z_.]*Error|\berror): (.+)")
+
+
+def start_failure(log_tail: str) -> str:
+    """Why mitmdump exited at start, in one line: its last error line (a bad option's
+    ConfigError, a port in use), else the log's last line."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if found := _FAILURE.search(line):
+            return found.group(1)
+    return lines[-1] if lines else "it exited without a word"
 
 
 def _protect_ca(confdir: Path) -> None:
