@@ -32,6 +32,13 @@ import psutil
 import pytest
 
 from mitm_addon.launch import ForgeError, system_ca_file, transparent
+from tests.support.forge_proxy import (
+    ANTHROPIC_KEY,
+    COOKIE_VALUE,
+    OPENAI_KEY,
+    SECRETS,
+    files_containing,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -76,7 +83,9 @@ def call(stream):
             "messages": [{"role": "user", "content": "Say hello."}]}
     conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
                  headers={"content-type": "application/json",
-                          "authorization": "Bearer sk-test-transparent"})
+                          "authorization": "Bearer OPENAI_KEY",
+                          "x-api-key": "ANTHROPIC_KEY",
+                          "cookie": "session=COOKIE_VALUE"})
     resp = conn.getresponse()
     data = resp.read().decode()
     conn.close()
@@ -102,8 +111,10 @@ import json, os
 import httpx, openai
 
 http = httpx.Client(trust_env=False, verify=os.environ["SSL_CERT_FILE"], timeout=30)
-client = openai.OpenAI(api_key="sk-test-transparent", base_url="https://api.openai.com/v1",
-                       http_client=http, max_retries=0)
+client = openai.OpenAI(api_key="OPENAI_KEY", base_url="https://api.openai.com/v1",
+                       http_client=http, max_retries=0,
+                       default_headers={"x-api-key": "ANTHROPIC_KEY",
+                                        "cookie": "session=COOKIE_VALUE"})
 reply = client.chat.completions.create(
     model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hello."}])
 chunks = list(client.chat.completions.create(
@@ -158,6 +169,15 @@ def shared_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _with_secrets(source: str) -> str:
+    """A harness script that sends the dummy key, cookie and x-api-key the scan looks for."""
+    return (
+        source.replace("OPENAI_KEY", OPENAI_KEY)
+        .replace("ANTHROPIC_KEY", ANTHROPIC_KEY)
+        .replace("COOKIE_VALUE", COOKIE_VALUE)
+    )
 
 
 def _write_shared(directory: Path, name: str, text: str) -> Path:
@@ -372,6 +392,7 @@ def _check_recorded(
         assert call["rollout_id"] == out.name
         assert call["pid"] == report["pid"], (call, report)  # attribution works across uids
     assert [c["stream"] for c in calls] == [False, True]
+    assert files_containing(out, SECRETS) == [], "a key or cookie the harness sent reached disk"
     return report
 
 
@@ -454,7 +475,7 @@ def test_records_harness_that_ignores_proxy_variables(
     confdir: Path,
     tmp_path: Path,
 ) -> None:
-    script = _write_shared(shared_dir, "stdlib_harness.py", STDLIB_HARNESS)
+    script = _write_shared(shared_dir, "stdlib_harness.py", _with_secrets(STDLIB_HARNESS))
     setpriv = _which("setpriv")
     if setpriv:  # without forge, nothing answers on api.openai.com:443 in the namespace
         alone = _run(
@@ -495,7 +516,7 @@ def test_records_openai_sdk_with_trust_env_off(
     confdir: Path,
     tmp_path: Path,
 ) -> None:
-    script = _write_shared(shared_dir, "sdk_harness.py", SDK_HARNESS)
+    script = _write_shared(shared_dir, "sdk_harness.py", _with_secrets(SDK_HARNESS))
     out = tmp_path / "run-sdk"
     done = _run(
         _record_argv(netns, upstream_port, out, confdir, [*sdk_command, str(script)]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -17,7 +18,10 @@ from mitm_addon.launch import ProxySettings, RunningProxy, start_proxy, stop_pro
 OPENAI_KEY = "sk-proj-forgetestkey-0123456789abcdefABCDEF"
 ANTHROPIC_KEY = "sk-ant-api03-forgetestkey-0123456789abcdef"
 COOKIE_VALUE = "forge-cookie-0123456789abcdef"
-SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, COOKIE_VALUE)
+PROXY_PASSWORD = "forge-proxy-password-0123456789abcdef"  # in proxy credentials
+# The Proxy-Authorization header's own form of them (Basic, no user).
+PROXY_AUTH = base64.b64encode(f":{PROXY_PASSWORD}".encode()).decode()
+SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, COOKIE_VALUE, PROXY_PASSWORD, PROXY_AUTH)
 
 
 @contextlib.contextmanager
@@ -41,6 +45,8 @@ def forge_proxy(
         yield proxy
     finally:
         stop_proxy_process(proxy.process)
+    # Whatever the test sent through it, no secret reached the run directory.
+    assert files_containing(out_dir, SECRETS) == [], "a key, cookie or proxy password reached disk"
 
 
 def kill_proxy(proxy: RunningProxy) -> None:
@@ -50,14 +56,20 @@ def kill_proxy(proxy: RunningProxy) -> None:
 
 
 def http_client(proxy: RunningProxy, timeout: float = 30.0) -> httpx.Client:
-    """A client through the proxy that also sends a session cookie on every request, as
-    browsers and some harnesses do: the secrets scan looks for its value too."""
+    """A client through the proxy that sends every kind of secret on every request: proxy
+    credentials with a password (no user: the rollout stays the proxy's), a session cookie
+    (as browsers and some harnesses do), a bearer token and an ``x-api-key`` (the SDKs set
+    their own over these). The secrets scan looks for each value."""
     verify = ssl.create_default_context(cafile=str(proxy.ca_cert))
     return httpx.Client(
-        proxy=proxy.url,
+        proxy=f"http://:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}",
         verify=verify,
         timeout=timeout,
-        headers={"cookie": f"session={COOKIE_VALUE}; theme=dark"},
+        headers={
+            "cookie": f"session={COOKIE_VALUE}; theme=dark",
+            "authorization": f"Bearer {OPENAI_KEY}",
+            "x-api-key": ANTHROPIC_KEY,
+        },
     )
 
 
