@@ -31,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,10 @@ from typing import Any
 STATE_FILE = "state.json"
 CURVE_FILE = "curve.jsonl"
 PHASES = ("collect", "snapshot", "train")
+# Fault injection for the kill tests: the loop SIGKILLs itself (as an OOM killer or a
+# preempted node would) when it reaches the point this variable names, e.g. "publish:1".
+FAILPOINT_ENV = "FORGE_LOOP_FAILPOINT"
+FAILPOINTS = ("collect", "snapshot", "train", "publish")
 
 
 class LoopError(ValueError):
@@ -184,6 +189,16 @@ class LoopState:
         write_atomic(out / STATE_FILE, state)
 
 
+def _failpoint(point: str, k: int) -> None:
+    """Die here if ``FORGE_LOOP_FAILPOINT`` names this point of round ``k``:
+    ``collect`` (its rollouts ended, the phase not yet recorded), ``snapshot`` (written,
+    not recorded), ``train`` (the checkpoint whole in its temporary folder, not renamed)
+    or ``publish`` (renamed into place, not recorded)."""
+    if os.environ.get(FAILPOINT_ENV) == f"{point}:{k}":
+        _say(f"{FAILPOINT_ENV}={point}:{k}: killing this process")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _say(message: str) -> None:
     print(f"forge loop: {message}", file=sys.stderr, flush=True)
 
@@ -202,6 +217,9 @@ def run_loop(
     state = LoopState.read(out)
     if not (config.model / "config.json").is_file():
         raise LoopError(f"model {config.model} is not a model folder (no config.json)")
+    for record in state.rounds:  # a stop between a round's state and its curve line
+        if "train" in record.done:
+            _append_curve(out, record)
     trainer = _Trainer(config, state, after_phase)
     try:
         for k in range(config.rounds):
@@ -224,6 +242,7 @@ def run_loop(
                     _collect(config, round_tasks(tasks, config, k), record)
                 else:
                     _snapshot(config, record)
+                _failpoint(phase, k)
                 trainer.finished(record, phase, started)
             trainer.submit(k)
         trainer.wait_for(config.rounds - 1)
@@ -464,7 +483,9 @@ def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
             train(job, on_metrics=lambda line: print(line, flush=True))
         except TrainError as e:
             raise LoopError(f"round {record.round}: training failed: {e}") from None
+        _failpoint("train", record.round)
         os.replace(tmp, ckpt)
+        _failpoint("publish", record.round)
     record.checkpoint = str(ckpt.resolve())
     _say(f"round {record.round}: trained {ckpt}")
 

@@ -3,6 +3,7 @@ kill -9 without losing or training twice any rollout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.snapshot import read_manifest
@@ -144,6 +146,81 @@ def test_collection_runs_ahead_of_training_by_at_most_the_staleness_bound(
         assert versions == [(state[k]["policy_version"],)]
     curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
     assert [c["round"] for c in curve] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_grpo_loop_running_ahead_killed_at_every_phase_loses_and_repeats_nothing(
+    tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
+) -> None:
+    """GRPO (not SFT), collection one version ahead of training (max_staleness 1), and a
+    SIGKILL at each phase in turn (FORGE_LOOP_FAILPOINT): after a collect, after the
+    snapshot, with a whole checkpoint not yet renamed (train), right after the rename
+    (publish); the later kills land while the other thread collects. Resumed each time, the
+    loop ends with every round's rollouts run once, trained once, on one chain, and the
+    right policy versions on its calls and its curve."""
+    config = write_config(
+        tmp_path, tiny_models[1], confdir, rounds=3, max_staleness=1, train={"lr": 1e-3}
+    )
+    base_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    cmd = [sys.executable, "-m", "forge_cli.main", "loop", "--config", str(config)]
+    out = tmp_path / "loop"
+    # Each point is still ahead when its run starts: round k trains only after round k-1.
+    kills = ("collect:0", "snapshot:0", "train:0", "publish:0", "publish:1", "train:2", None)
+    for failpoint in kills:
+        env = dict(base_env)
+        if failpoint:
+            env["FORGE_LOOP_FAILPOINT"] = failpoint
+        run = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            _, err = run.communicate(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)  # whatever it had started (harnesses)
+        if failpoint:
+            assert run.returncode == -signal.SIGKILL, (failpoint, err[-2000:])
+            assert f"FORGE_LOOP_FAILPOINT={failpoint}: killing" in err
+        else:
+            assert run.returncode == 0, err[-3000:]
+
+    state = json.loads((out / "state.json").read_text())["rounds"]
+    assert [r["done"] for r in state] == [["collect", "snapshot", "train"]] * 3
+    versions = [r["policy_version"] for r in state]
+    # Round 1 collected while round 0 trained; round 2 waited for round 0's checkpoint.
+    assert versions[:2] == [0, 0] and versions[2] in (1, 2)
+    trained: set[str] = set()
+    for k in range(3):
+        run_dir = connect(out / "runs" / f"round-{k}")
+        ended = {r[0] for r in run_dir.execute("SELECT rollout_id FROM rollouts").fetchall()}
+        assert len(ended) == 3, k  # none lost, none run twice
+        calls = dict(
+            run_dir.execute("SELECT rollout_id, count(*) FROM calls GROUP BY ALL").fetchall()
+        )
+        assert all(calls[r] == 8 for r in ended), calls
+        sampled = run_dir.execute(
+            "SELECT DISTINCT policy_version FROM calls WHERE rollout_id IN "
+            "(SELECT rollout_id FROM rollouts)"
+        ).fetchall()
+        assert sampled == [(versions[k],)]  # the version that sampled them, on every call
+        snap = out / "snapshots" / f"round-{k}"
+        samples = read_manifest(snap)["tables"]["samples"]
+        assert samples["rows"] == 24
+        table = pq.read_table(snap / samples["path"], columns=["rollout_id"])
+        rollouts = set(table.column("rollout_id").to_pylist())
+        assert rollouts == ended and not rollouts & trained  # each rollout in one snapshot
+        trained |= rollouts
+        ckpt = json.loads((out / "checkpoints" / f"step-{k + 1}" / "forge.json").read_text())
+        parent = tiny_models[1] if k == 0 else out / "checkpoints" / f"step-{k}"
+        assert ckpt["policy_version"] == k + 1
+        assert ckpt["parent_model"] == str(parent.resolve())  # one chain
+        assert ckpt["snapshot"] == str(snap.resolve())
+    assert not list(out.glob("checkpoints/.*"))  # no half-written checkpoint left
+    curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
+    assert [(c["round"], c["policy_version"], c["trained"]) for c in curve] == [
+        (k, versions[k], True) for k in range(3)
+    ]
 
 
 def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
