@@ -23,9 +23,10 @@ weight decay), so that their steps never interfere:
 * ``embedded``: ``rl.trainer.train_step``: per micro-batch a forward, token logprobs, veRL's
   vanilla GRPO policy loss (``core_algos``, token-mean over the mini-batch) and backward;
   then gradient clipping and the AdamW step;
-* ``hf``: the loop one writes by hand: per micro-batch a forward, Hugging Face's shifted
-  cross-entropy (``reduction="none"``), the masked token-mean of -advantage x logprob and
-  backward; then the AdamW step;
+* ``hf``: the loop one writes by hand: per micro-batch the base model's forward, the
+  vocabulary logits at the trained positions only (``lm_head`` on their hidden states, as
+  the embedded trainer does), cross-entropy (``reduction="none"``), the token-mean of
+  -advantage x logprob and backward; then the AdamW step;
 * ``train()``: ``rl.trainer.train`` over the samples, one step: what ``forge train`` runs
   per step (vocabulary check, collation, a fresh AdamW, group statistics) around the step.
 
@@ -107,19 +108,20 @@ def make_samples(model: Any, n: int, tokens: int, seed: int = 0) -> list[Sample]
 
 def hf_step(model: Any, optimizer: torch.optim.Optimizer, batches: list[Batch]) -> float:
     """One plain step: forward, masked token-mean policy-gradient loss, backward per
-    micro-batch, then AdamW; returns the loss."""
+    micro-batch, then AdamW; returns the loss. Like the embedded trainer, it computes the
+    vocabulary logits at the trained positions only (the base model's hidden states there,
+    through ``lm_head``), not at every position: the fair hand-written loop."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     tokens = sum(b.n_loss_tokens for b in batches)
     total = 0.0
     for b in batches:
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits  # (B, T, V)
-        labels = F.pad(b.input_ids[:, 1:], (0, 1), value=-100)  # (B, T): the next token
-        logp = -F.cross_entropy(
-            logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none"
-        ).view_as(labels)  # (B, T): logprob of token j+1
-        weights = (b.advantages * b.loss_mask)[:, 1:]  # (B, T-1)
-        loss = -(logp[:, :-1] * weights).sum() / tokens
+        hidden = model.model(input_ids=b.input_ids, attention_mask=b.attention_mask)
+        at = b.loss_mask[:, 1:].bool()  # (B, T-1): position j predicts a trained token j+1
+        logits = model.lm_head(hidden.last_hidden_state[:, :-1][at])  # (N, V)
+        logp = -F.cross_entropy(logits.float(), b.input_ids[:, 1:][at], reduction="none")
+        weights = (b.advantages * b.loss_mask)[:, 1:][at]  # (N,)
+        loss = -(logp * weights).sum() / tokens
         loss.backward()
         total += float(loss.detach())
     optimizer.step()

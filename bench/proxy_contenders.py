@@ -205,18 +205,23 @@ def litellm_path() -> Path:
 
 
 @contextlib.contextmanager
-def litellm(upstream: str, pki: Pki, work: Path, model: str) -> Iterator[Contender]:
-    """LiteLLM's proxy, one worker, HTTPS with the bench certificate, no database."""
+def litellm(
+    upstream: str, pki: Pki, work: Path, model: str, workers: int = 1
+) -> Iterator[Contender]:
+    """LiteLLM's proxy, HTTPS with the bench certificate, no database: ``litellm`` with
+    one worker, ``litellm-workers`` with ``workers`` (as many as the cores, its best
+    configuration on a multi-core host: Forge uses two processes, proxy and builder)."""
+    name = "litellm" if workers == 1 else "litellm-workers"
     exe = litellm_path()
     port = free_port()
-    config = work / "litellm.yaml"
+    config = work / f"{name}.yaml"
     config.write_text(
         LITELLM_CONFIG.format(
             model=model, upstream=upstream, cafile=pki.ca_cert, master_key=BENCH_KEY
         )
     )
     config.chmod(0o600)
-    log = work / "litellm.log"
+    log = work / f"{name}.log"
     cmd = [
         str(exe),
         "--config",
@@ -226,7 +231,7 @@ def litellm(upstream: str, pki: Pki, work: Path, model: str) -> Iterator[Contend
         "--port",
         str(port),
         "--num_workers",
-        "1",
+        str(workers),
         "--ssl_keyfile_path",
         str(pki.key),
         "--ssl_certfile_path",
@@ -245,9 +250,9 @@ def litellm(upstream: str, pki: Pki, work: Path, model: str) -> Iterator[Contend
     )
     with _process(cmd, log, cwd=work, env=env) as process:
         _wait_listening(port, process, log)
-        _VERSIONS.setdefault("litellm", _litellm_version())
+        _VERSIONS.setdefault(name, _litellm_version())
         yield Contender(
-            "litellm",
+            name,
             Route(f"https://127.0.0.1:{port}/v1/chat/completions", None, str(pki.ca_cert)),
             process,
             log,

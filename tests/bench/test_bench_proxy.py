@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def run_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str], skip: list[str]
     printed = capsys.readouterr().out
     assert "| contender | p50 ms | p99 ms |" in printed
     assert "Forge vs bare mitmdump: latency p50 " in printed
-    assert "Forge vs LiteLLM: latency p50 " in printed
+    assert "Forge vs LiteLLM (its best: " in printed
     data = json.loads((out / "results.json").read_text())
     md = (out / "results.md").read_text()
     assert "## proxy" in md and " cores" in md and " UTC" in md
@@ -133,4 +134,9 @@ def test_tiny_run_with_litellm_compares_forge_with_it(
     for key in (*RATIOS_VS_MITMDUMP, *VS_LITELLM):
         assert positive(data["figures"][key]), (key, data["figures"][key])
     assert data["missing"] == {}
-    check_contenders(data, {"direct", "mitmdump", "forge", "litellm"})
+    check_contenders(data, {"direct", "mitmdump", "forge", "litellm", "litellm-workers"})
+    # The ratios are against LiteLLM at its best of one worker and one per core.
+    best = data["figures"]["proxy.litellm_best_workers"]
+    per_core = data["figures"]["proxy.litellm_workers_calls_per_s_c64"]
+    single = data["figures"]["proxy.litellm_calls_per_s_c64"]
+    assert best == (1 if single >= per_core else os.cpu_count())

@@ -62,3 +62,33 @@ def test_the_batch_is_on_policy_and_fits_the_vocabulary() -> None:
         lps = [lp for lp, m in zip(s.old_logprobs, s.loss_mask, strict=True) if m]
         assert all(-14.0 < lp < -10.0 for lp in lps)
         assert all(lp == 0.0 for lp, m in zip(s.old_logprobs, s.loss_mask, strict=True) if not m)
+
+
+def test_the_plain_loop_takes_the_full_vocabulary_loops_loss_and_gradient() -> None:
+    """Logits at the trained positions only change nothing but the cost: the baseline's
+    loss and gradients are those of the loop that computes them at every position."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from rl.batches import collate
+
+    model = bench_train.build_model(None, bench_train.DTYPES["float32"])
+    samples = bench_train.make_samples(model, 4, 12)
+    batch = collate(samples)
+    tokens = batch.n_loss_tokens
+    full = copy.deepcopy(model)
+    logits = full(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    labels = F.pad(batch.input_ids[:, 1:], (0, 1), value=-100)
+    logp = -F.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none"
+    ).view_as(labels)
+    expected = -(logp[:, :-1] * (batch.advantages * batch.loss_mask)[:, 1:]).sum() / tokens
+    expected.backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # a step that moves nothing
+    loss = bench_train.hf_step(model, optimizer, [batch])
+    assert abs(loss - float(expected.detach())) < 1e-5
+    for (name, a), (_, b) in zip(model.named_parameters(), full.named_parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None, name
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
