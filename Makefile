@@ -46,7 +46,7 @@ test-slow: setup harnesses bench-setup
 	$(PY) -m pytest -m "slow and not vllm" -q
 
 # Property-based fuzzing at full size (25,500 generated cases and a 100 MB stream), then
-# 20 rounds of SIGKILL under load, 48 clients, each round's accounting printed (6-10 min).
+# 20 rounds of SIGKILL under load, 48 clients, each round's accounting printed (2-4 min, then about 2 min).
 soak: setup
 	FORGE_SOAK=1 $(PY) -m pytest tests/mitm_addon/test_fuzz_parsers.py tests/mitm_addon/test_fuzz_hooks.py -q --timeout=1800
 	FORGE_SOAK=1 $(PY) -m pytest tests/e2e/test_kill_under_load.py -q -s --timeout=1800

@@ -79,15 +79,21 @@ def serve_extra(args: argparse.Namespace) -> list[str]:
     return serve_options(args.policy, args.tokenizer, args.serve_models, args.serve_max_tokens)
 
 
-def positive_int(value: str) -> int:
-    """argparse type: an integer > 0."""
+def _int_between(value: str, low: int, high: int | None, what: str) -> int:
+    """An argparse value as an integer in [low, high] (no upper bound for None)."""
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+        raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+    if n < low or (high is not None and n > high):
+        bound = f">= {low}" if high is None else f"{low} to {high}"
+        raise argparse.ArgumentTypeError(f"{value} is out of range ({bound})")
     return n
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer > 0."""
+    return _int_between(value, 1, None, "an integer")
 
 
 def positive_float(value: str) -> float:
@@ -103,10 +109,4 @@ def positive_float(value: str) -> float:
 
 def port(value: str) -> int:
     """argparse type: a TCP port, 0 (any free one) to 65535."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
-    return n
+    return _int_between(value, 0, 65535, "a port number")
