@@ -207,10 +207,19 @@ def test_a_grpo_loop_running_ahead_killed_at_every_phase_loses_and_repeats_nothi
         snap = out / "snapshots" / f"round-{k}"
         samples = read_manifest(snap)["tables"]["samples"]
         assert samples["rows"] == 24
-        table = pq.read_table(snap / samples["path"], columns=["rollout_id"])
-        rollouts = set(table.column("rollout_id").to_pylist())
-        assert rollouts == ended and not rollouts & trained  # each rollout in one snapshot
-        trained |= rollouts
+        table = pq.read_table(snap / samples["path"], columns=["rollout_id", "call_ids"])
+        assert set(table.column("rollout_id").to_pylist()) == ended  # this round's, all of them
+        # Rollout ids are named per round (a retried attempt is <task>.<sample>.r1 in any
+        # round), so "trained once" is checked on the calls, whose ids are unique everywhere.
+        sampled_calls = {c for ids in table.column("call_ids").to_pylist() for c in ids}
+        round_calls = {
+            r[0]
+            for r in run_dir.execute(
+                "SELECT call_id FROM calls WHERE rollout_id IN (SELECT rollout_id FROM rollouts)"
+            ).fetchall()
+        }
+        assert sampled_calls == round_calls and not sampled_calls & trained  # one snapshot each
+        trained |= sampled_calls
         ckpt = json.loads((out / "checkpoints" / f"step-{k + 1}" / "forge.json").read_text())
         parent = tiny_models[1] if k == 0 else out / "checkpoints" / f"step-{k}"
         assert ckpt["policy_version"] == k + 1
