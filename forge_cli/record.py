@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
             f"forge: proxy on {proxy.url} recording to {out} (log {proxy.log_path})",
             file=sys.stderr,
         )
-        env = harness_env(proxy, dict(os.environ), rollout)
+        # Behind a password the harness needs credentials, and their user names the rollout
+        # (an empty one is dropped by some clients); without one the plain address does.
+        user = rollout if proxy.password is not None else None
+        env = harness_env(proxy, dict(os.environ), rollout, proxy_user=user)
         started = datetime.now(UTC)
         code = (
             _run_child(cmd, env)

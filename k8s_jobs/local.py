@@ -1,7 +1,8 @@
 """The local backend: many rollouts as subprocesses behind one shared Forge proxy.
 
 Each rollout gets its own working directory (the task's workspace) and HOME, and its
-proxy credentials carry its rollout id (``HTTPS_PROXY=http://<rollout-id>:x@127.0.0.1:P``),
+proxy credentials carry its rollout id (``HTTPS_PROXY=http://<rollout-id>:x@127.0.0.1:P``, with
+the proxy's ``forge_proxy_password`` in place of ``x`` where it has one),
 which the addon records as the calls' rollout_id. The harness runs in its own process
 group with the task's deadline; at the deadline its whole tree is killed. Then the
 verifier grades the working directory. Each rollout ends with a ``rollouts`` row (the
@@ -384,7 +385,7 @@ class _Runner:
         # The proxy URL's user name is the rollout id: the addon records it on every call.
         proxy_env = dict(self.proxy_env)
         for name in _PROXY_VARS:
-            proxy_env[name] = f"http://{rid}:x@127.0.0.1:{self.proxy.port}"
+            proxy_env[name] = self.proxy.client_url(rid)
         try:
             outcome = run_attempt(
                 task,

@@ -14,7 +14,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
+from mitm_addon.config import ConfigError, parse_proxy_password
 from mitm_addon.launch.errors import ForgeError
 from mitm_addon.launch.trust import trust_env, write_ca_bundle
 
@@ -61,10 +63,23 @@ class RunningProxy:
     confdir: Path
     run_id: str
     log_path: Path
+    password: str | None = None  # forge_proxy_password, which clients must send
 
     @property
     def url(self) -> str:
+        """The proxy's address, without credentials (safe to print)."""
         return f"http://127.0.0.1:{self.port}"
+
+    def client_url(self, user: str | None = None) -> str:
+        """The proxy URL a harness is given: credentials whose user name is the rollout id
+        (the addon records it on each call) and whose password is ``forge_proxy_password``
+        where the proxy requires one; the plain address when there is neither. Name a user
+        where you can: OpenClaw (Node's fetch) and opencode (Bun's) send no credentials
+        at all for an empty user name, and get 407."""
+        if not user and self.password is None:
+            return self.url
+        password = quote(self.password if self.password is not None else "x", safe="")
+        return f"http://{quote(user or '', safe='')}:{password}@127.0.0.1:{self.port}"
 
     @property
     def ca_cert(self) -> Path:
@@ -81,6 +96,7 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
         except OSError as e:
             raise ForgeError(f"cannot create {what} {folder}: {e.strerror or e}") from e
     os.chmod(confdir, 0o700)
+    password = _proxy_password(settings.extra)
     port = settings.port or free_port()
     ready = out / f".proxy-ready-{os.getpid()}-{port}.json"
     ready.unlink(missing_ok=True)
@@ -136,13 +152,27 @@ def start_proxy(settings: ProxySettings) -> RunningProxy:
                 continue
             ready.unlink(missing_ok=True)
             _protect_ca(confdir)
-            return RunningProxy(process, port, confdir, info["run_id"], log_path)
+            return RunningProxy(process, port, confdir, info["run_id"], log_path, password)
         if process.poll() is not None:
             break
         time.sleep(0.05)
     stop_proxy_process(process)
     tail = log_path.read_text(errors="replace")[-3000:]
     raise ForgeError(f"the proxy did not start: {start_failure(tail)} (its log: {log_path})")
+
+
+def _proxy_password(extra: list[str]) -> str | None:
+    """The ``forge_proxy_password`` among the ``--set`` items (the last one wins, as in
+    mitmproxy), read as the addon reads it, so that harnesses can be given it."""
+    value = None
+    for item in extra:
+        name, _, rest = item.partition("=")
+        if name.strip() == "forge_proxy_password":
+            value = rest
+    try:
+        return parse_proxy_password(value) if value is not None else None
+    except ConfigError as e:
+        raise ForgeError(str(e)) from e
 
 
 _FAILURE = re.compile(r"(?:\b[A-Za-z_.]*Error|\berror): (.+)")
@@ -187,9 +217,9 @@ def harness_env(
     proxy: RunningProxy, base: dict[str, str], rollout: str | None, proxy_user: str | None = None
 ) -> dict[str, str]:
     """The child's environment: ``base`` plus the proxy and CA-trust variables of every
-    runtime, and ``FORGE_ROLLOUT_ID`` when a rollout is named."""
-    url = proxy.url if not proxy_user else f"http://{proxy_user}:x@127.0.0.1:{proxy.port}"
-    env = {**base, **trust_env(url, proxy.ca_cert, ca_bundle(proxy))}
+    runtime (the proxy URL with its credentials, see :meth:`RunningProxy.client_url`), and
+    ``FORGE_ROLLOUT_ID`` when a rollout is named."""
+    env = {**base, **trust_env(proxy.client_url(proxy_user), proxy.ca_cert, ca_bundle(proxy))}
     if rollout:
         env["FORGE_ROLLOUT_ID"] = rollout
     return env

@@ -22,7 +22,15 @@ import pytest
 
 from pipeline.store import audits, connect
 from tests.support import harnesses
-from tests.support.forge_proxy import ANTHROPIC_KEY, OPENAI_KEY, SECRETS, files_containing
+from tests.support.forge_proxy import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    SECRET_HEADERS,
+    SECRETS,
+    assert_secrets_sent,
+    files_containing,
+    password_args,
+)
 from tests.support.upstream import Conversation, ScriptedUpstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
@@ -40,10 +48,12 @@ def record(
     upstreams: Mapping[str, str],
     *forge_args: str,
 ) -> subprocess.CompletedProcess[str]:
-    """``forge record --out tmp/run -- ARGV`` with the providers sent to the upstream."""
+    """``forge record --out tmp/run -- ARGV`` with the providers sent to the upstream, behind
+    a proxy password (the harness sends it in its proxy credentials)."""
     routes = [a for host, url in upstreams.items() for a in ("--upstream", f"{host}={url}")]
     cmd = [sys.executable, "-m", "forge_cli.main", "record", "--out", str(tmp_path / "run")]
-    cmd += ["--confdir", str(confdir), *routes, *forge_args, "--", *argv]
+    cmd += ["--confdir", str(confdir), *routes, *password_args(tmp_path / "secrets")]
+    cmd += [*forge_args, "--", *argv]
     return subprocess.run(
         cmd,
         cwd=cwd,
@@ -138,6 +148,7 @@ def test_claude_code_sub_agent_hangs_from_the_agent_call(tmp_path: Path, confdir
         proxy_url=None,
         ca_cert=None,
         api_key=ANTHROPIC_KEY,
+        headers=SECRET_HEADERS,
     ).prepare()
     with ScriptedUpstream(claude_script) as up:
         done = record(
@@ -148,6 +159,7 @@ def test_claude_code_sub_agent_hangs_from_the_agent_call(tmp_path: Path, confdir
             spec.cwd,
             {"api.anthropic.com": up.base_url},
         )
+        assert_secrets_sent(up.received)  # the sub-agent's calls too
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert (tmp_path / "work" / "hello.txt").read_text().strip() == "hi"
     assert files_containing(tmp_path / "run", SECRETS) == []

@@ -1,7 +1,9 @@
 """Real harness CLIs (Claude Code, Codex) under ``forge record``, against the scripted upstream.
 
 Each harness gets a small file-writing task; the upstream answers with a shell tool call,
-then with text. The recorded rows must equal the model calls the upstream received.
+then with text. The recorded rows must equal the model calls the upstream received. The
+proxy requires a password (the harness sends it in its proxy credentials); where the harness
+can add headers, it also sends a cookie, a bearer token and an x-api-key; none reaches disk.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import pytest
 
 from tests.e2e.test_record_sdks import assert_recorded_as_received
 from tests.support import harnesses
-from tests.support.forge_proxy import ANTHROPIC_KEY, OPENAI_KEY, SECRETS, files_containing
+from tests.support.forge_proxy import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    SECRET_HEADERS,
+    SECRETS,
+    assert_secrets_sent,
+    files_containing,
+    password_args,
+)
 from tests.support.upstream import ScriptedUpstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
@@ -48,6 +58,7 @@ def record(
         str(confdir),
         "--upstream",
         f"{host}={upstream.base_url}",
+        *password_args(tmp_path / "secrets"),
         *forge_args,
         "--",
         *spec.argv,
@@ -90,10 +101,12 @@ def test_claude_code_completes_its_task_with_every_call_recorded(
         proxy_url=None,
         ca_cert=None,
         api_key=ANTHROPIC_KEY,
+        headers=SECRET_HEADERS,
     )
     with ScriptedUpstream(SCRIPT) as up:
         done = record(tmp_path, confdir, spec, "api.anthropic.com", up)
         rows = check_run(done, tmp_path, up)
+        assert_secrets_sent(up.received)
     assert {r["api"] for r in rows} == {"anthropic_messages"}
     assert all(r["claude_session_id"] for r in rows)
     assert any(r["tool_calls"] for r in rows)
@@ -102,10 +115,14 @@ def test_claude_code_completes_its_task_with_every_call_recorded(
 @pytest.mark.skipif(
     not harnesses.codex_available(), reason=harnesses.unavailable_reason("codex") or ""
 )
-@pytest.mark.parametrize("transport", ["websocket", "http"])
+@pytest.mark.parametrize("transport", ["websocket", "http", "custom-provider"])
 def test_codex_completes_its_task_with_every_call_recorded(
     tmp_path: Path, confdir: Path, transport: str
 ) -> None:
+    """The built-in provider over its WebSocket and over HTTP (the proxy refuses the
+    upgrade with 426, Codex's own fallback); it sends only its bearer token. A custom
+    provider over the WebSocket adds a cookie and an x-api-key (its http_headers)."""
+    custom = transport == "custom-provider"
     spec = harnesses.codex_command(
         TASK,
         workdir=tmp_path / "work",
@@ -113,12 +130,17 @@ def test_codex_completes_its_task_with_every_call_recorded(
         proxy_url=None,
         ca_cert=None,
         api_key=OPENAI_KEY,
+        headers=SECRET_HEADERS if custom else None,
     )
-    # Over HTTP: the proxy refuses the WebSocket upgrade with 426, Codex's own fallback.
     extra = ["--set", "forge_refuse_websocket=true"] if transport == "http" else []
     with ScriptedUpstream(SCRIPT) as up:
         done = record(tmp_path, confdir, spec, "api.openai.com", up, *extra)
         rows = check_run(done, tmp_path, up)
+        if custom:
+            assert_secrets_sent(up.received)
+        else:
+            assert {r.headers.get("authorization") for r in up.received} == {f"Bearer {OPENAI_KEY}"}
+    transport = "websocket" if custom else transport
     assert {r["api"] for r in rows} == {"openai_responses"}
     assert {r["transport"] for r in rows} == (
         {"websocket"} if transport == "websocket" else {"sse"}

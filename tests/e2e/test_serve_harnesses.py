@@ -18,7 +18,14 @@ import pytest
 
 from pipeline.store import connect
 from tests.support import harnesses
-from tests.support.forge_proxy import ANTHROPIC_KEY, OPENAI_KEY, SECRETS, files_containing
+from tests.support.forge_proxy import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    SECRET_HEADERS,
+    SECRETS,
+    files_containing,
+    password_args,
+)
 from tests.support.policy import policy_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
@@ -47,7 +54,8 @@ def serve(
     spec.prepare()
     argv = [sys.executable, "-m", "forge_cli.main", "record", "--out", str(tmp_path / "run"),
             "--confdir", str(confdir), "--mode", "serve", "--policy", policy.base_url,
-            "--serve-max-tokens", "32", *extra, "--", *spec.argv]  # fmt: skip
+            "--serve-max-tokens", "32", *password_args(tmp_path / "secrets"), *extra,
+            "--", *spec.argv]  # fmt: skip
     done = subprocess.run(
         argv,
         cwd=spec.cwd,
@@ -85,7 +93,7 @@ def test_claude_code_in_serve_mode_ends_cleanly_with_every_call_served(
 ) -> None:
     spec = harnesses.claude_command(
         TASK, workdir=tmp_path / "work", home=tmp_path / "home", proxy_url=None, ca_cert=None,
-        api_key=ANTHROPIC_KEY,
+        api_key=ANTHROPIC_KEY, headers=SECRET_HEADERS,
     )  # fmt: skip
     calls = serve(tmp_path, confdir, spec, policy)
     assert {c["api"] for c in calls} == {"anthropic_messages"}

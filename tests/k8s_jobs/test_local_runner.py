@@ -21,7 +21,7 @@ from k8s_jobs import RolloutOptions, RunSummary, parse_tasks, run_rollouts
 from k8s_jobs.outcome import Progress
 from mitm_addon.launch import ForgeError
 from pipeline.store import connect
-from tests.support.forge_proxy import files_containing
+from tests.support.forge_proxy import PROXY_AUTH, PROXY_PASSWORD, files_containing, password_args
 from tests.support.toy_agent import HANG_MARKER, toy_agent
 from tests.support.upstream import ScriptedUpstream
 
@@ -100,6 +100,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, confdir: Path) -> Run:
                     parallel=4,
                     upstreams=[f"api.openai.com={up.base_url}"],
                     confdir=confdir,
+                    # Each harness must send it with its rollout id: http://<id>:<password>@
+                    proxy_extra=password_args(tmp / "secrets")[1::2],
                     max_attempts=2,
                     backoff_base_s=0.05,
                     kill_grace_s=0.5,
@@ -224,7 +226,7 @@ def test_progress_counts_running_done_failed_and_mean_reward(run: Run) -> None:
 
 
 def test_no_secret_reaches_the_run_directory(run: Run) -> None:
-    assert files_containing(run.out, [OPENAI_KEY]) == []
+    assert files_containing(run.out, [OPENAI_KEY, PROXY_PASSWORD, PROXY_AUTH]) == []
 
 
 def test_a_run_directory_with_rollouts_is_not_reused(run: Run) -> None:

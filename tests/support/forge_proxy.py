@@ -9,6 +9,7 @@ import signal
 import ssl
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -22,6 +23,34 @@ PROXY_PASSWORD = "forge-proxy-password-0123456789abcdef"  # in proxy credentials
 # The Proxy-Authorization header's own form of them (Basic, no user).
 PROXY_AUTH = base64.b64encode(f":{PROXY_PASSWORD}".encode()).decode()
 SECRETS = (OPENAI_KEY, ANTHROPIC_KEY, COOKIE_VALUE, PROXY_PASSWORD, PROXY_AUTH)
+# Every kind of credential header, for clients and harnesses to send on each model call.
+SECRET_HEADERS = {
+    "cookie": f"session={COOKIE_VALUE}; theme=dark",
+    "authorization": f"Bearer {OPENAI_KEY}",
+    "x-api-key": ANTHROPIC_KEY,
+}
+_MODEL_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
+
+
+def password_args(folder: Path) -> list[str]:
+    """``--set forge_proxy_password=@FILE`` for ``forge record``: the proxy answers 407 to
+    a client without it, so a harness that got through sent it in its proxy credentials."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "proxy-password"
+    path.write_text(PROXY_PASSWORD + "\n")
+    return ["--set", f"forge_proxy_password=@{path}"]
+
+
+def assert_secrets_sent(received: Sequence[Any]) -> None:
+    """Every model call the upstream received carried the cookie, the bearer token and the
+    x-api-key of SECRET_HEADERS (so the scan that follows looked for values really sent)."""
+    calls = [r for r in received if r.path.split("?")[0] in _MODEL_PATHS]
+    assert calls, [r.path for r in received]
+    for r in calls:
+        sent = {k: r.headers.get(k, "") for k in SECRET_HEADERS}
+        assert COOKIE_VALUE in sent["cookie"], (r.path, sent)
+        assert sent["authorization"] == f"Bearer {OPENAI_KEY}", (r.path, sent)
+        assert sent["x-api-key"] == ANTHROPIC_KEY, (r.path, sent)
 
 
 @contextlib.contextmanager
@@ -65,11 +94,7 @@ def http_client(proxy: RunningProxy, timeout: float = 30.0) -> httpx.Client:
         proxy=f"http://:{PROXY_PASSWORD}@127.0.0.1:{proxy.port}",
         verify=verify,
         timeout=timeout,
-        headers={
-            "cookie": f"session={COOKIE_VALUE}; theme=dark",
-            "authorization": f"Bearer {OPENAI_KEY}",
-            "x-api-key": ANTHROPIC_KEY,
-        },
+        headers=SECRET_HEADERS,
     )
 
 

@@ -79,6 +79,8 @@ CODEX_QUIET_ARGS: tuple[str, ...] = (
 # provider cannot be overridden (-c model_providers.openai.supports_websockets=false
 # is ignored), so a custom provider with the same base URL is used instead.
 CODEX_HTTP_PROVIDER = "openai_http"
+# A custom provider that keeps the WebSocket: the one that can send extra headers.
+CODEX_WS_PROVIDER = "openai_ws"
 
 CLAUDE_QUIET_ENV: dict[str, str] = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -235,8 +237,12 @@ def claude_command(
     quiet: bool = True,
     extra_args: Sequence[str] = (),
     base_env: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> HarnessRun:
     """``claude -p PROMPT --dangerously-skip-permissions`` with a dummy key.
+
+    ``headers`` go on every API request through ``ANTHROPIC_CUSTOM_HEADERS`` (one
+    ``Name: value`` per line), all but ``x-api-key``, which the key sets.
 
     As root, Claude Code refuses --dangerously-skip-permissions unless
     IS_SANDBOX=1. The CA is trusted through NODE_EXTRA_CA_CERTS (SSL_CERT_FILE
@@ -246,6 +252,10 @@ def claude_command(
     """
     env = _base_env(home, proxy_url, base_env)
     env["ANTHROPIC_API_KEY"] = api_key
+    if headers:
+        env["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(
+            f"{k}: {v}" for k, v in headers.items() if k.lower() != "x-api-key"
+        )
     if ca_cert is not None:
         env["NODE_EXTRA_CA_CERTS"] = str(ca_cert)
     if quiet:
@@ -263,19 +273,30 @@ def claude_command(
     return HarnessRun("claude", tuple(argv), env, Path(workdir), Path(home))
 
 
-def codex_http_provider_args(provider: str = CODEX_HTTP_PROVIDER) -> tuple[str, ...]:
-    """-c overrides defining a provider like the built-in one but without WebSockets:
-    same base URL (https://api.openai.com/v1), key from OPENAI_API_KEY, Responses
-    API over HTTP + SSE."""
+def codex_http_provider_args(
+    provider: str = CODEX_HTTP_PROVIDER,
+    *,
+    websockets: bool = False,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """-c overrides defining a provider like the built-in one: same base URL
+    (https://api.openai.com/v1), key from OPENAI_API_KEY, the Responses API over HTTP +
+    SSE (or over its WebSocket with ``websockets``), and ``headers`` on every request
+    (``http_headers``, all but ``authorization``, which the key sets)."""
     p = f"model_providers.{provider}"
-    return (
+    args = [
         "-c", f"model_provider={provider}",
         "-c", f"{p}.name={provider}",
         "-c", f"{p}.base_url=https://api.openai.com/v1",
         "-c", f"{p}.env_key=OPENAI_API_KEY",
         "-c", f"{p}.wire_api=responses",
-        "-c", f"{p}.supports_websockets=false",
-    )
+        "-c", f"{p}.supports_websockets={'true' if websockets else 'false'}",
+    ]
+    sent = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
+    if sent:  # a TOML inline table; JSON strings are TOML basic strings
+        table = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in sent.items())
+        args += ["-c", f"{p}.http_headers={{ {table} }}"]
+    return tuple(args)
 
 
 def codex_command(
@@ -292,6 +313,7 @@ def codex_command(
     json_events: bool = False,
     extra_args: Sequence[str] = (),
     base_env: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> HarnessRun:
     """``codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox PROMPT``.
 
@@ -311,6 +333,10 @@ def codex_command(
     requests differ a little from the built-in provider's: no ``version`` header,
     no ``internal_chat_message_metadata_passthrough`` on input items, shorter tool
     descriptions, and the key comes from OPENAI_API_KEY.
+
+    The built-in provider takes no extra headers. With ``headers``, transport="websocket"
+    runs a custom provider that keeps the WebSocket (``supports_websockets=true``), and
+    both transports send the headers (see codex_http_provider_args).
     """
     codex_home = Path(home) / ".codex"
     env = _base_env(home, proxy_url, base_env)
@@ -324,10 +350,12 @@ def codex_command(
             "-C", str(workdir)]
     if quiet:
         argv += list(CODEX_QUIET_ARGS)
-    if transport == "http":
-        argv += list(codex_http_provider_args())
-    elif transport != "websocket":
+    if transport not in ("websocket", "http"):
         raise ValueError(f"transport must be 'websocket' or 'http', not {transport!r}")
+    if transport == "http" or headers:
+        argv += list(codex_http_provider_args(
+            CODEX_HTTP_PROVIDER if transport == "http" else CODEX_WS_PROVIDER,
+            websockets=transport == "websocket", headers=headers))
     if model:
         argv += ["-m", model]
     if json_events:

@@ -28,10 +28,12 @@ from tests.support import harnesses
 from tests.support.forge_proxy import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
+    SECRET_HEADERS,
     SECRETS,
     anthropic_client,
     files_containing,
     forge_proxy,
+    password_args,
 )
 from tests.support.policy import policy_server
 
@@ -181,11 +183,13 @@ def record_command(
     stop_after: int | None = None,
     stdin: str | None = None,
 ) -> tuple[int, str, list[dict[str, Any]]]:
-    """``record_serve`` for any command; ``stdin``: text the command reads, then EOF."""
+    """``record_serve`` for any command; ``stdin``: text the command reads, then EOF. The
+    proxy requires a password, which the command gets in its HTTPS_PROXY."""
     out = tmp / "run"
     argv = [sys.executable, "-m", "forge_cli.main", "record", "--out", str(out),
             "--confdir", str(confdir), "--mode", "serve", "--policy", policy.base_url,
-            "--serve-max-tokens", "64", "--", *command]  # fmt: skip
+            "--serve-max-tokens", "64", *password_args(tmp / "secrets"),
+            "--", *command]  # fmt: skip
     with subprocess.Popen(
         argv,
         cwd=cwd,
@@ -255,6 +259,7 @@ def _claude(policy: Any, tmp: Path, confdir: Path) -> Served:
     spec = harnesses.claude_command(
         "append hi to out.txt", workdir=tmp / "work", home=tmp / "home", proxy_url=None,
         ca_cert=None, api_key=ANTHROPIC_KEY, extra_args=("--max-turns", str(TURNS)),
+        headers=SECRET_HEADERS,
     )  # fmt: skip
     return Served(*record_serve(tmp, confdir, spec, policy))
 
@@ -262,7 +267,7 @@ def _claude(policy: Any, tmp: Path, confdir: Path) -> Served:
 def _codex_http(policy: Any, tmp: Path, confdir: Path) -> Served:
     spec = harnesses.codex_command(
         "append hi to out.txt", workdir=tmp / "work", home=tmp / "home", proxy_url=None,
-        ca_cert=None, api_key=OPENAI_KEY, transport="http",
+        ca_cert=None, api_key=OPENAI_KEY, transport="http", headers=SECRET_HEADERS,
     )  # fmt: skip
     code, output, calls = record_serve(tmp, confdir, spec, policy, stop_after=TURNS + 1)
     # The call in flight when the harness was stopped may have ended either way.
