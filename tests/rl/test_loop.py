@@ -226,10 +226,20 @@ def test_a_grpo_loop_running_ahead_killed_at_every_phase_loses_and_repeats_nothi
         assert ckpt["parent_model"] == str(parent.resolve())  # one chain
         assert ckpt["snapshot"] == str(snap.resolve())
     assert not list(out.glob("checkpoints/.*"))  # no half-written checkpoint left
-    curve = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()]
+    curve_file = out / "curve.jsonl"
+    curve = [json.loads(line) for line in curve_file.read_text().splitlines()]
     assert [(c["round"], c["policy_version"], c["trained"]) for c in curve] == [
         (k, versions[k], True) for k in range(3)
     ]
+    # A stop between the state write and the curve append loses the round's line: the
+    # next start writes it (and nothing twice).
+    lines = curve_file.read_text().splitlines(keepends=True)
+    curve_file.write_text("".join(lines[:-1]))
+    again = subprocess.run(
+        cmd, cwd=tmp_path, env=base_env, capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert curve_file.read_text() == "".join(lines)
 
 
 def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
