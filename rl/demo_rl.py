@@ -183,7 +183,13 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         n=args.n,
         parallel=args.parallel,
         serve_max_tokens=args.serve_max_tokens,
-        train={"lr": args.rl_lr, "weight_decay": 0.0, "micro_batch_size": 16, "seed": seed},
+        train={
+            "lr": args.rl_lr,
+            "weight_decay": 0.0,
+            "micro_batch_size": 16,
+            "seed": seed,
+            "keep_optimizer": args.keep_optimizer,
+        },
         confdir=args.confdir,
         split="train",
         tasks_per_round=args.tasks_per_round,
@@ -271,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-round", type=int, default=6)
     p.add_argument("-n", type=int, default=8, help="GRPO group size")
     p.add_argument("--rl-lr", type=float, default=1e-3)
+    p.add_argument(
+        "--keep-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="carry the AdamW state from round to round (default; --no-keep-optimizer: a "
+        "fresh AdamW each round)",
+    )
     p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--serve-max-tokens", type=int, default=48)
     p.add_argument("--heldout", type=int, default=None, help="held-out tasks used (default all)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +67,7 @@ WORDS = [
 ]
 FILES = ("out.txt", "result.txt", "answer.txt", "log.txt", "data.txt", "report.txt")
 DIRS = ("build", "logs", "cache", "assets", "tmp", "docs")
-SUBDIRS = ("a", "b", "new", "v1", "old", "main")
+SUBDIRS = ("a", "b", "new", "v1", "old", "main", "src", "bin", "lib", "v2", "test", "data")
 
 SCRIPT = """#!/usr/bin/env bash
 # {goal}
@@ -127,25 +128,25 @@ def _mkdir(r: random.Random) -> dict[str, Any]:
 
 
 def _copy(r: random.Random) -> dict[str, Any]:
-    dest = r.choice([f for f in FILES if f != "data.txt"])
+    source, dest = f"{r.choice(WORDS)}.txt", r.choice(FILES)
     text = " ".join(r.sample(WORDS, 4)) + "\n"
     return {
         "kind": "copy",
-        "goal": f"copy data.txt to {dest}",
-        "action": f"cp data.txt {dest}",
-        "verify": f"cmp -s data.txt {dest}",
-        "files": {"data.txt": text},
+        "goal": f"copy {source} to {dest}",
+        "action": f"cp {source} {dest}",
+        "verify": f"cmp -s {source} {dest}",
+        "files": {source: text},
     }
 
 
 def _upper(r: random.Random) -> dict[str, Any]:
-    word, dest = r.choice(WORDS), r.choice([f for f in FILES if f != "data.txt"])
+    word, source, dest = r.choice(WORDS), f"{r.choice(WORDS)}.txt", r.choice(FILES)
     return {
         "kind": "upper",
-        "goal": f"write the word in data.txt in capitals to {dest}",
-        "action": f"tr a-z A-Z < data.txt > {dest}",
+        "goal": f"write the word in {source} in capitals to {dest}",
+        "action": f"tr a-z A-Z < {source} > {dest}",
         "verify": f'test "$(cat {dest} 2>/dev/null)" = {word.upper()}',
-        "files": {"data.txt": word + "\n"},
+        "files": {source: word + "\n"},
     }
 
 
@@ -159,27 +160,34 @@ KINDS: tuple[Callable[[random.Random], dict[str, Any]], ...] = (
 )
 
 
+def normalise(instruction: str) -> str:
+    """An instruction compared as words: lower case, punctuation and spacing dropped."""
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", instruction.lower()).split())
+
+
 def make_tasks(
     n: int = N_TASKS, heldout: int = N_HELDOUT, seed: int = SEED
 ) -> list[dict[str, Any]]:
     """``n`` task specs (``k8s_jobs.tasks`` format), the last ``heldout`` of a seeded
-    shuffle marked ``metadata.split = heldout``, the rest ``train``."""
+    shuffle marked ``metadata.split = heldout``, the rest ``train``.
+
+    Every task has its own goal, so no two tasks share a normalised instruction or a
+    solution (``task.sh``): a held-out task is never a train task reworded, nor one whose
+    answer a policy saw in training."""
     r = random.Random(seed)
     tasks: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    goals: set[str] = set()
     for i in range(n):
-        while True:  # no task twice: a held-out task is never a train task again
+        for _ in range(10_000):  # bounded: each kind has more goals than tasks
             job = KINDS[i % len(KINDS)](r)
-            goal = job["goal"]
-            instruction = r.choice(PHRASES).format(goal=goal, Goal=goal[0].upper() + goal[1:])
-            files = {
-                "task.sh": SCRIPT.format(goal=goal, action=job["action"]),
-                **job.get("files", {}),
-            }
-            key = json.dumps([instruction, files], sort_keys=True)
-            if key not in seen:
-                seen.add(key)
+            if job["goal"] not in goals:
                 break
+        else:
+            raise ValueError(f"no new {job['kind']} goal left for task {i}")
+        goal = job["goal"]
+        goals.add(goal)
+        instruction = r.choice(PHRASES).format(goal=goal, Goal=goal[0].upper() + goal[1:])
+        files = {"task.sh": SCRIPT.format(goal=goal, action=job["action"]), **job.get("files", {})}
         tasks.append(
             {
                 "id": f"{job['kind']}-{i:03d}",

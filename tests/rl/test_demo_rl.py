@@ -44,6 +44,8 @@ def test_the_demo_records_an_expert_trains_sft_then_rl_and_reports_heldout_succe
     con = connect(out / "seed-0" / "rl" / "runs" / "round-0")
     versions = con.execute("select distinct policy_version from rollouts").fetchall()
     assert versions == [(1,)]
+    # The demo keeps the AdamW state across rounds by default, and says so.
+    assert results["settings"]["keep_optimizer"] is True
     # Held-out rollouts ran twice (SFT, then the loop's last policy), two tasks each.
     for name in ("heldout-sft", "heldout-rl"):
         rollouts = connect(out / "seed-0" / name).execute("select count(*) from rollouts")

@@ -10,7 +10,7 @@ import pytest
 
 from k8s_jobs.tasks import load_tasks
 from rl.demo_rl import RIGHT, SLOPPY, ExpertScript
-from rl.demo_tasks import DEFAULT_OUT, make_tasks, to_jsonl
+from rl.demo_tasks import DEFAULT_OUT, make_tasks, normalise, to_jsonl
 
 KINDS = sorted({t["metadata"]["kind"] for t in make_tasks()})
 
@@ -24,10 +24,30 @@ def test_the_suite_loads_with_disjoint_train_and_heldout_splits() -> None:
     splits = [t.metadata["split"] for t in tasks]
     assert len(tasks) == 300 and splits.count("heldout") == 60 and splits.count("train") == 240
     assert len({t.id for t in tasks}) == len(tasks)
-    # No task twice (a held-out task seen in training would measure memory).
-    assert len({(t.instruction, str(t.workspace.files)) for t in tasks}) == len(tasks)
     held = {t.metadata["kind"] for t in tasks if t.metadata["split"] == "heldout"}
     assert sorted(held) == KINDS and len(KINDS) == 6
+
+
+def test_no_heldout_task_shares_an_instruction_or_a_solution_with_a_train_task() -> None:
+    """On the committed file: a held-out task seen in training, reworded or not, or one
+    whose script (its solution) a policy ran in training, would measure memory."""
+    tasks = load_tasks(DEFAULT_OUT)
+    train = [t for t in tasks if t.metadata["split"] == "train"]
+    held = [t for t in tasks if t.metadata["split"] == "heldout"]
+    assert len(held) == 60
+    seen_words = {normalise(t.instruction) for t in train}
+    seen_scripts = {t.workspace.files["task.sh"] for t in train}
+    assert [t.id for t in held if normalise(t.instruction) in seen_words] == []
+    assert [t.id for t in held if t.workspace.files["task.sh"] in seen_scripts] == []
+    # Nor within a split: every task is its own goal.
+    assert len({t.workspace.files["task.sh"] for t in tasks}) == len(tasks)
+    assert len({normalise(t.instruction) for t in tasks}) == len(tasks)
+
+
+def test_instructions_are_compared_without_case_punctuation_or_spacing() -> None:
+    assert normalise("Please write  the word fern to out.txt; use task.sh.") == (
+        "please write the word fern to out txt use task sh"
+    )
 
 
 def _verify(task: Any, command: str, tmp_path: Path) -> bool:
