@@ -66,6 +66,17 @@ class ExpertScript:
         return {"text": "Done."}
 
 
+# The behaviour views' per-run rates (pipeline/sql/370_behaviour_summary.sql), in the
+# order the report prints them, with the counts that say over what each was taken.
+BEHAVIOUR = {
+    "mean_tool_coverage": "tool coverage",
+    "self_verification_rate": "self-verification",
+    "mean_plan_completion": "plan completion",
+    "error_recovery": "error recovery",
+}
+BEHAVIOUR_COUNTS = ("n_trajectories", "n_with_edits", "n_with_plan", "n_failed_results")
+
+
 @dataclass
 class SeedResult:
     seed: int
@@ -74,6 +85,8 @@ class SeedResult:
     curve: list[float | None] = field(default_factory=list)
     """Mean reward of each RL round's rollouts (train tasks)."""
     seconds: float = 0.0
+    behaviour: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """The held-out runs' behaviour (``sft``, ``rl``): BEHAVIOUR's rates and the counts."""
 
 
 def _say(message: str) -> None:
@@ -120,6 +133,23 @@ def record_expert(
         con.close()
     _say(f"expert: {result.rows} SFT examples written to {chats}")
     return chats
+
+
+def behaviour(run_dir: Path) -> dict[str, float | None]:
+    """How the policy worked in one run: the ``behaviour_summary`` row of its rollouts
+    (one harness and one model name per run; a rate is None where it is undefined, e.g.
+    self-verification without edits)."""
+    from pipeline.store import connect
+
+    names = [*BEHAVIOUR, *BEHAVIOUR_COUNTS]
+    con = connect(run_dir, stitched=True)
+    try:
+        rows = con.execute(f"SELECT {', '.join(names)} FROM behaviour_summary").fetchall()
+    finally:
+        con.close()
+    if len(rows) != 1:
+        raise ValueError(f"{run_dir}: expected one harness and model, got {len(rows)} rows")
+    return {n: None if v is None else float(v) for n, v in zip(names, rows[0], strict=True)}
 
 
 def success(summary: Any) -> float:
@@ -200,8 +230,35 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
     final = Path(last.result())
     after = held_out(final, "heldout-rl")
     return SeedResult(
-        seed, before, after, [r.mean_reward for r in state.rounds], time.monotonic() - started
+        seed,
+        before,
+        after,
+        [r.mean_reward for r in state.rounds],
+        time.monotonic() - started,
+        {"sft": behaviour(root / "heldout-sft"), "rl": behaviour(root / "heldout-rl")},
     )
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the defined values (None when none is)."""
+    kept = [v for v in values if v is not None]
+    return statistics.mean(kept) if kept else None
+
+
+def behaviour_table(results: list[SeedResult]) -> tuple[dict[str, Any], str]:
+    """Held-out behaviour before and after RL, mean of the seeds: (for results.json, a
+    Markdown table)."""
+    means = {
+        stage: {name: _mean([r.behaviour[stage][name] for r in results]) for name in BEHAVIOUR}
+        for stage in ("sft", "rl")
+    }
+    lines = ["| held-out behaviour (mean of seeds) | SFT | SFT+RL |", "|---|---|---|"]
+    for name, label in BEHAVIOUR.items():
+        cells = [means[stage][name] for stage in ("sft", "rl")]
+        lines.append(
+            f"| {label} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |"
+        )
+    return means, "\n".join(lines)
 
 
 def report(results: list[SeedResult], out: Path, args: argparse.Namespace, wall_s: float) -> str:
@@ -209,9 +266,11 @@ def report(results: list[SeedResult], out: Path, args: argparse.Namespace, wall_
     sft = 100 * statistics.mean(r.sft for r in results)
     rl = 100 * statistics.mean(r.rl for r in results)
     line = f"held-out success: sft={sft:.1f}% sft+rl={rl:.1f}% seeds={len(results)}"
+    behaviour_means, behaviour_md = behaviour_table(results)
     data = {
         "sft_heldout_success": sft / 100,
         "rl_heldout_success": rl / 100,
+        "heldout_behaviour": behaviour_means,
         "seeds": [r.__dict__ for r in results],
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "wall_s": round(wall_s, 1),
@@ -232,7 +291,10 @@ def report(results: list[SeedResult], out: Path, args: argparse.Namespace, wall_
     )
     (out / "results.md").write_text(
         "\n".join(lines) + f"\n\nRounds: mean reward of each RL round's rollouts (train tasks). "
-        f"Wall time {wall_s / 60:.1f} min.\n"
+        f"Wall time {wall_s / 60:.1f} min.\n\n{behaviour_md}\n\n"
+        "Behaviour: the behaviour views (pipeline/sql/360_behaviour.sql) over the held-out "
+        "rollouts; '-' where a rate is undefined for every seed (no edits, no plan, no "
+        "failed tool result).\n"
     )
     _plot(results, out / "curve.png")
     return line

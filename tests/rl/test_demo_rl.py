@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.store import connect
 from rl.trainer import read_policy_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,11 +40,21 @@ def test_the_demo_records_an_expert_trains_sft_then_rl_and_reports_heldout_succe
     assert pq.read_table(out / "expert" / "sft.parquet").num_rows == 6
     assert read_policy_version(out / "seed-0" / "sft") == 1
     # The loop served the SFT policy: its rollouts carry version 1.
-    from pipeline.store import connect
-
     con = connect(out / "seed-0" / "rl" / "runs" / "round-0")
     versions = con.execute("select distinct policy_version from rollouts").fetchall()
     assert versions == [(1,)]
+    # Behaviour before and after RL, from the behaviour views over the held-out runs.
+    for stage in ("sft", "rl"):
+        view = connect(out / "seed-0" / f"heldout-{stage}", stitched=True).execute(
+            "SELECT n_trajectories, mean_tool_coverage FROM behaviour_summary"
+        )
+        assert view.fetchall() == [
+            (2, seed["behaviour"][stage]["mean_tool_coverage"])
+        ]  # fmt: skip
+    assert set(results["heldout_behaviour"]["rl"]) == {
+        "mean_tool_coverage", "self_verification_rate", "mean_plan_completion", "error_recovery"
+    }  # fmt: skip
+    assert "| tool coverage |" in (out / "results.md").read_text()
     # The demo keeps the AdamW state across rounds by default, and says so.
     assert results["settings"]["keep_optimizer"] is True
     # Held-out rollouts ran twice (SFT, then the loop's last policy), two tasks each.
