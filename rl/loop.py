@@ -490,8 +490,21 @@ def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
     _say(f"round {record.round}: trained {ckpt}")
 
 
+def _step_metrics(checkpoint: str | None) -> dict[str, float | None]:
+    """What the round's training step did, from its checkpoint's ``train_metrics.jsonl``
+    (the last step): its loss (policy gradient, or cross-entropy with ``sft``) and gradient
+    norm; None when nothing was trained (then the weights did not move)."""
+    last: dict[str, Any] = {}
+    if checkpoint is not None:
+        metrics = Path(checkpoint) / "train_metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        last = json.loads(lines[-1]) if lines else {}
+    return {"loss": last.get("loss/pg", last.get("loss/sft")), "grad_norm": last.get("grad/norm")}
+
+
 def _append_curve(out: Path, record: RoundRecord) -> None:
-    """One line per finished round: the learning curve (mean reward by policy version)."""
+    """One line per finished round: the learning curve (mean reward by policy version),
+    with what the round's step did (a grad_norm of 0 or None: the weights did not move)."""
     line = {
         "round": record.round,
         "policy_version": record.policy_version,
@@ -499,6 +512,7 @@ def _append_curve(out: Path, record: RoundRecord) -> None:
         "mean_reward": record.mean_reward,
         "samples": record.samples,
         "trained": record.checkpoint is not None,
+        **_step_metrics(record.checkpoint),
     }
     curve = out / CURVE_FILE
     seen = curve.read_text().splitlines() if curve.is_file() else []

@@ -111,6 +111,12 @@ def test_a_loop_killed_mid_round_resumes_and_trains_every_rollout_once(
         (0, 0, True),
         (1, 1, True),
     ]
+    # Each line says what the round's step did: its checkpoint's last metrics.
+    for c in curve:
+        metrics = out / "checkpoints" / f"step-{c['round'] + 1}" / "train_metrics.jsonl"
+        last = json.loads(metrics.read_text().splitlines()[-1])
+        assert (c["loss"], c["grad_norm"]) == (last["loss/sft"], last["grad/norm"])
+        assert c["grad_norm"] > 0
 
 
 @pytest.mark.slow
