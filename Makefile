@@ -31,8 +31,11 @@ demo: setup
 
 # The learning demo: SFT on a sloppy expert's recorded runs, then GRPO rounds in serve
 # mode, for 3 seeds on CPU. Ends with `held-out success: sft=NN.N% sft+rl=NN.N% seeds=3`.
-demo-rl: setup
-	$(PY) -m rl.demo_rl
+# HARNESS=codex or HARNESS=claude runs the same recipe through that real CLI (its prompts
+# are long: 4 samples per forward pass).
+HARNESS ?= toy
+demo-rl: setup $(if $(filter toy,$(HARNESS)),,harnesses)
+	$(PY) -m rl.demo_rl --harness $(HARNESS) $(if $(filter toy,$(HARNESS)),,--micro-batch-size 4)
 
 # Every test: the fast suite, then the slow one (real harness CLIs, network namespaces).
 test: setup harnesses lint test-fast test-slow

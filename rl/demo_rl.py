@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import shutil
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,27 +43,47 @@ RIGHT = "bash task.sh"
 SLOPPY = ("cat task.sh", "bash task.sh --dry-run", "ls")
 
 
+# The demo's harnesses and the provider host each one calls (answered by the scripted
+# expert in record mode, by the policy in serve mode).
+HARNESS_HOSTS = {"toy": "api.openai.com", "codex": "api.openai.com", "claude": "api.anthropic.com"}
+
+
 class ExpertScript:
     """The scripted provider's replies: one shell command, then "Done.".
 
     Whether the command is the right one is a seeded coin per task instruction, so the
-    recording does not depend on the order rollouts run in.
+    recording does not depend on the order rollouts run in. A real harness wraps the
+    instruction in its own context (Codex's environment context, Claude Code's
+    reminders, which name the rollout's working directory): given the task
+    ``instructions``, the coin is tossed on the one the conversation holds.
     """
 
-    def __init__(self, accuracy: float, seed: int) -> None:
+    def __init__(self, accuracy: float, seed: int, instructions: Sequence[str] = ()) -> None:
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError("expert accuracy must lie in [0, 1]")
         self.accuracy = accuracy
         self.seed = seed
+        # As JSON string bodies: how the instruction appears in the serialised history.
+        self._needles = [(json.dumps(i)[1:-1], i) for i in instructions]
 
     def command(self, instruction: str) -> str:
         r = random.Random(f"{self.seed}:{instruction}")
         return RIGHT if r.random() < self.accuracy else r.choice(SLOPPY)
 
+    def instruction(self, history: list[dict[str, Any]]) -> str:
+        """The task instruction of a conversation: the known one it holds, else the text
+        of its first user message."""
+        if self._needles:
+            text = json.dumps(history)
+            for needle, instruction in self._needles:
+                if needle in text:
+                    return instruction
+        user: dict[str, Any] = next((m for m in history if m.get("role") == "user"), {})
+        return str(user.get("content", ""))
+
     def __call__(self, conv: Any) -> Any:
         if conv.tool_results == 0:
-            user: dict[str, Any] = next((m for m in conv.history if m.get("role") == "user"), {})
-            command = self.command(str(user.get("content", "")))
+            command = self.command(self.instruction(conv.history))
             return {"tool_call": {"name": "shell", "arguments": {"command": command}}}
         return {"text": "Done."}
 
@@ -94,15 +116,23 @@ def _say(message: str) -> None:
 
 
 def record_expert(
-    tasks: list[Any], out: Path, accuracy: float, seed: int, parallel: int, confdir: Path | None
+    tasks: list[Any],
+    out: Path,
+    accuracy: float,
+    seed: int,
+    parallel: int,
+    confdir: Path | None,
+    harness: str = "toy",
 ) -> Path:
-    """Record the expert over ``tasks`` (one rollout each); export its chats for SFT."""
+    """Record the expert through ``harness`` over ``tasks`` (one rollout each); export its
+    chats (sub-agents' included) for SFT."""
     from k8s_jobs.local import RolloutOptions, run_rollouts
     from k8s_jobs.outcome import ProgressPrinter
     from tests.support.upstream import ScriptedUpstream
 
     run_dir, chats = out / "expert" / "run", out / "expert" / "sft.parquet"
-    with ScriptedUpstream(ExpertScript(accuracy, seed)) as provider:
+    expert = ExpertScript(accuracy, seed, [t.instruction for t in tasks])
+    with ScriptedUpstream(expert) as provider:
         _say(f"expert: {len(tasks)} rollouts in record mode against {provider.base_url}")
         printer = ProgressPrinter()
         try:
@@ -110,10 +140,10 @@ def record_expert(
                 tasks,
                 RolloutOptions(
                     out_dir=run_dir,
-                    harness="toy",
+                    harness=harness,
                     n=1,
                     parallel=parallel,
-                    upstreams=[f"api.openai.com={provider.base_url}"],
+                    upstreams=[f"{HARNESS_HOSTS[harness]}={provider.base_url}"],
                     on_progress=printer,
                     **cast("dict[str, Any]", {"confdir": confdir} if confdir else {}),
                 ),
@@ -175,7 +205,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         lr=args.sft_lr,
         epochs=args.sft_epochs,
         weight_decay=0.0,
-        micro_batch_size=16,
+        micro_batch_size=args.micro_batch_size,
         mini_batch_size=16,
         seed=seed,
     )
@@ -192,7 +222,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
             read_policy_version(policy),
             held,
             root / name,
-            harness="toy",
+            harness=args.harness,
             n=1,
             parallel=args.parallel,
             serve_max_tokens=args.serve_max_tokens,
@@ -209,14 +239,14 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         model=sft,
         tasks=args.tasks,
         rounds=args.rounds,
-        harness="toy",
+        harness=args.harness,
         n=args.n,
         parallel=args.parallel,
         serve_max_tokens=args.serve_max_tokens,
         train={
             "lr": args.rl_lr,
             "weight_decay": 0.0,
-            "micro_batch_size": 16,
+            "micro_batch_size": args.micro_batch_size,
             "seed": seed,
             "keep_optimizer": args.keep_optimizer,
         },
@@ -296,11 +326,11 @@ def report(results: list[SeedResult], out: Path, args: argparse.Namespace, wall_
         "rollouts; '-' where a rate is undefined for every seed (no edits, no plan, no "
         "failed tool result).\n"
     )
-    _plot(results, out / "curve.png")
+    _plot(results, out / "curve.png", args.harness)
     return line
 
 
-def _plot(results: list[SeedResult], path: Path) -> None:
+def _plot(results: list[SeedResult], path: Path, harness: str) -> None:
     try:
         import matplotlib
 
@@ -317,18 +347,36 @@ def _plot(results: list[SeedResult], path: Path) -> None:
     ax.set_xlabel("RL round (policy version = round + 1)")
     ax.set_ylabel("mean reward (train tasks)")
     ax.set_ylim(0, 1)
-    ax.set_title("forge demo-rl: GRPO in the toy harness")
+    ax.set_title(f"forge demo-rl: GRPO in the {harness} harness")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _use_harness_cli(harness: str) -> None:
+    """Put the pinned harness CLIs (``make harnesses``) first on PATH, where the rollout
+    runner's templates look for them, or stop with what is missing."""
+    from tests.support import harnesses
+
+    reason = harnesses.unavailable_reason(cast("Any", harness))
+    if reason:
+        raise SystemExit(f"forge demo-rl: {reason} (make harnesses installs it)")
+    os.environ["PATH"] = f"{harnesses.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m rl.demo_rl", description=__doc__.splitlines()[0] if __doc__ else None
     )
-    p.add_argument("--out", type=Path, default=Path("data/demo-rl"))
+    p.add_argument(
+        "--harness",
+        choices=sorted(HARNESS_HOSTS),
+        default="toy",
+        help="the harness the expert is recorded in, RL runs in and held-out success is "
+        "measured in (codex and claude: the pinned CLIs of .harnesses/)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="default data/demo-rl/HARNESS")
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (default 3)")
     p.add_argument("--expert-accuracy", type=float, default=0.35)
@@ -350,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-max-tokens", type=int, default=48)
     p.add_argument("--heldout", type=int, default=None, help="held-out tasks used (default all)")
     p.add_argument("--confdir", type=Path, default=None, help="mitmproxy CA directory")
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=16,
+        help="samples per forward/backward (fewer for a harness with long prompts)",
+    )
     args = p.parse_args(argv)
     if args.seeds < 1 or args.rounds < 1:
         p.error("--seeds and --rounds must be at least 1")
@@ -358,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     from rl.loop import select_split
 
     started = time.monotonic()
-    args.out = args.out.resolve()
+    args.out = (args.out or Path("data/demo-rl") / args.harness).resolve()
+    if args.harness != "toy":
+        _use_harness_cli(args.harness)
     args.tasks = args.tasks.resolve()
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -366,7 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     train, held = select_split(tasks, "train"), select_split(tasks, "heldout")
     held = held[: args.heldout] if args.heldout else held
     chats = record_expert(
-        train[: args.expert_tasks], args.out, args.expert_accuracy, 0, args.parallel, args.confdir
+        train[: args.expert_tasks],
+        args.out,
+        args.expert_accuracy,
+        0,
+        args.parallel,
+        args.confdir,
+        args.harness,
     )
     results = [run_seed(seed, args, chats, held) for seed in range(args.seeds)]
     wall = time.monotonic() - started

@@ -12,19 +12,29 @@ import pytest
 
 from pipeline.store import connect
 from rl.trainer import read_policy_version
+from tests.support import harnesses
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "harness", ["toy", pytest.param("codex", marks=pytest.mark.harness)]
+)  # fmt: skip
 def test_the_demo_records_an_expert_trains_sft_then_rl_and_reports_heldout_success(
-    tmp_path: Path, confdir: Path
+    tmp_path: Path, confdir: Path, harness: str
 ) -> None:
+    """Every stage, through the toy harness and through the real Codex CLI (its expert
+    recorded, the policy served to it, its held-out tasks graded)."""
+    reason = harnesses.unavailable_reason("codex") if harness == "codex" else None
+    if reason:
+        pytest.skip(reason)
     out = tmp_path / "demo-rl"
     argv = [
-        sys.executable, "-m", "rl.demo_rl", "--out", str(out), "--seeds", "1",
-        "--expert-tasks", "6", "--sft-epochs", "1", "--rounds", "1", "--tasks-per-round", "1",
-        "-n", "3", "--heldout", "2", "--parallel", "3", "--confdir", str(confdir),
+        sys.executable, "-m", "rl.demo_rl", "--harness", harness, "--out", str(out),
+        "--seeds", "1", "--expert-tasks", "6", "--sft-epochs", "1", "--rounds", "1",
+        "--tasks-per-round", "1", "-n", "3", "--heldout", "2", "--parallel", "3",
+        "--micro-batch-size", "4", "--confdir", str(confdir),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -57,6 +67,12 @@ def test_the_demo_records_an_expert_trains_sft_then_rl_and_reports_heldout_succe
     assert "| tool coverage |" in (out / "results.md").read_text()
     # The demo keeps the AdamW state across rounds by default, and says so.
     assert results["settings"]["keep_optimizer"] is True
+    assert results["settings"]["harness"] == harness
+    expert = connect(out / "expert" / "run").execute("SELECT DISTINCT harness FROM rollouts")
+    assert expert.fetchall() == [(harness,)]
+    if harness == "codex":  # the served calls were Codex's Responses calls
+        apis = connect(out / "seed-0" / "heldout-sft").execute("SELECT DISTINCT api FROM calls")
+        assert apis.fetchall() == [("openai_responses",)]
     # Held-out rollouts ran twice (SFT, then the loop's last policy), two tasks each.
     for name in ("heldout-sft", "heldout-rl"):
         rollouts = connect(out / "seed-0" / name).execute("select count(*) from rollouts")

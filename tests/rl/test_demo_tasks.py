@@ -81,3 +81,28 @@ def test_the_expert_is_right_at_its_accuracy_and_the_same_for_a_task_every_time(
     assert set(commands) == {RIGHT, *SLOPPY}
     assert commands == [ExpertScript(0.3, seed=0).command(s) for s in instructions]
     assert commands != [ExpertScript(0.3, seed=1).command(s) for s in instructions]
+
+
+def test_the_expert_finds_the_instruction_inside_a_real_harness_context() -> None:
+    """Codex puts its environment context (with the rollout's working directory) in the
+    first user message and the instruction in the next; Claude Code wraps it in content
+    blocks beside its reminders. The coin is tossed on the task's instruction all the same."""
+    task = 'Write the word "fern" to out.txt; use task.sh.'
+    expert = ExpertScript(0.5, seed=0, instructions=["Create the directory a/b.", task])
+    codex = [
+        {"role": "system", "content": "You are Codex."},
+        {"role": "user", "content": "<environment_context><cwd>/tmp/r7/work</cwd>"},
+        {"role": "user", "content": task},
+    ]
+    claude = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>cwd /tmp/r9</system-reminder>"},
+                {"type": "text", "text": task},
+            ],
+        }
+    ]
+    assert expert.instruction(codex) == expert.instruction(claude) == task
+    # Without the task list: the first user message's text, as for the toy harness.
+    assert ExpertScript(0.5, seed=0).instruction(codex) == codex[1]["content"]
