@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     forge("snapshot", "--data", str(out), "--out", str(snapshot))
     print(f"\nforge demo: recorded run in {out}; snapshot in {snapshot}; pages in {out / 'view'}")
     if not args.no_loop:
-        short_loop(loop)
+        short_loop(loop, env)
     print(f'Try: .venv/bin/forge sql --data {args.out} "select * from edges"')
     return 0
 
@@ -170,7 +170,7 @@ DEMO_RL_TASKS = Path(__file__).resolve().parent.parent / "data" / "tasks" / "dem
 EXPERT_TASKS = 96  # recorded by the sloppy expert, for SFT (as make demo-rl does)
 
 
-def short_loop(loop: Path) -> None:
+def short_loop(loop: Path, env: dict[str, str]) -> None:
     """A habit learned in two rounds, at the smallest size that learns.
 
     A sloppy scripted expert (it runs the task's script 35% of the time, else reads it,
@@ -189,7 +189,6 @@ def short_loop(loop: Path) -> None:
     expert_tasks, loop_tasks = loop / "expert-tasks.jsonl", loop / "loop-tasks.jsonl"
     expert_tasks.write_text("\n".join(train[:EXPERT_TASKS]) + "\n")
     loop_tasks.write_text("\n".join(train[EXPERT_TASKS:]) + "\n")  # 3 a round, 6 rollouts each
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     with ScriptedUpstream(ExpertScript(accuracy=0.35, seed=0)) as provider:
         forge(
             "rollout", "--tasks", str(expert_tasks), "--harness", "toy", "--parallel", "4",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import shutil
 import statistics
@@ -354,15 +353,13 @@ def _plot(results: list[SeedResult], path: Path, harness: str) -> None:
     plt.close(fig)
 
 
-def _use_harness_cli(harness: str) -> None:
-    """Put the pinned harness CLIs (``make harnesses``) first on PATH, where the rollout
-    runner's templates look for them, or stop with what is missing."""
-    from tests.support import harnesses
+def _require_harness_cli(harness: str) -> None:
+    """Stop before any work when the harness CLI is missing: the rollout runner finds it
+    among the pinned CLIs (``make harnesses``) or on PATH."""
+    from k8s_jobs.harnesses import resolve_executable
 
-    reason = harnesses.unavailable_reason(cast("Any", harness))
-    if reason:
-        raise SystemExit(f"forge demo-rl: {reason} (make harnesses installs it)")
-    os.environ["PATH"] = f"{harnesses.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    if resolve_executable(harness) is None:
+        raise SystemExit(f"forge demo-rl: {harness} is not installed (make harnesses installs it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args.out = (args.out or Path("data/demo-rl") / args.harness).resolve()
     if args.harness != "toy":
-        _use_harness_cli(args.harness)
+        _require_harness_cli(args.harness)
     args.tasks = args.tasks.resolve()
     if args.out.exists():
         shutil.rmtree(args.out)

@@ -46,7 +46,6 @@ PHASES = ("collect", "snapshot", "train")
 # Fault injection for the kill tests: the loop SIGKILLs itself (as an OOM killer or a
 # preempted node would) when it reaches the point this variable names, e.g. "publish:1".
 FAILPOINT_ENV = "FORGE_LOOP_FAILPOINT"
-FAILPOINTS = ("collect", "snapshot", "train", "publish")
 
 
 class LoopError(ValueError):
@@ -505,6 +504,10 @@ def _step_metrics(checkpoint: str | None) -> dict[str, float | None]:
 def _append_curve(out: Path, record: RoundRecord) -> None:
     """One line per finished round: the learning curve (mean reward by policy version),
     with what the round's step did (a grad_norm of 0 or None: the weights did not move)."""
+    curve = out / CURVE_FILE
+    seen = curve.read_text().splitlines() if curve.is_file() else []
+    if any(json.loads(s)["round"] == record.round for s in seen):
+        return  # written before a stop
     line = {
         "round": record.round,
         "policy_version": record.policy_version,
@@ -514,8 +517,5 @@ def _append_curve(out: Path, record: RoundRecord) -> None:
         "trained": record.checkpoint is not None,
         **_step_metrics(record.checkpoint),
     }
-    curve = out / CURVE_FILE
-    seen = curve.read_text().splitlines() if curve.is_file() else []
-    if not any(json.loads(s)["round"] == record.round for s in seen):
-        with open(curve, "a") as f:
-            f.write(json.dumps(line) + "\n")
+    with open(curve, "a") as f:
+        f.write(json.dumps(line) + "\n")
