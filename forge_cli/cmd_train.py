@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forge_cli.args import positive_float
+from forge_cli.logging_args import add_logger_arguments, open_tracker
 from mitm_addon.launch import ForgeError
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_logger_arguments(p, "OUT-logs, beside the checkpoint")
     p.set_defaults(func=run)
 
 
@@ -119,25 +121,38 @@ def run(args: argparse.Namespace) -> int:
             raise ForgeError(
                 "--keep-optimizer is the embedded trainer's (veRL's engine keeps its own)"
             )
-        train_verl(args.snapshot, args.model, args.out, args.config, args.overrides, _print)
+        with _tracker(args) as tracker:
+            train_verl(
+                args.snapshot, args.model, args.out, args.config, args.overrides, tracker.line
+            )
         return 0
     if args.config is not None or args.overrides:
         raise ForgeError("--config and KEY=VALUE overrides are for --backend verl")
     if args.model is None or args.out is None:
         raise ForgeError("--model and --out are required")
-    train(
-        TrainJob(
-            model=args.model,
-            out=args.out,
-            snapshot=args.snapshot,
-            chats=args.chats,
-            settings=_settings(args),
-            keep_optimizer=args.keep_optimizer,
-            progress=not args.no_progress,
-        ),
-        _print,
+    job = TrainJob(
+        model=args.model,
+        out=args.out,
+        snapshot=args.snapshot,
+        chats=args.chats,
+        settings=_settings(args),
+        keep_optimizer=args.keep_optimizer,
+        progress=not args.no_progress,
     )
+    with _tracker(args) as tracker:
+        train(job, tracker.line)
     return 0
+
+
+def _tracker(args: argparse.Namespace) -> Any:
+    """Metrics lines to the --logger backends, each at its optimizer step."""
+    out = args.out if args.out is not None else Path("train")
+    config = {
+        k: v if isinstance(v, int | float | str | bool) else str(v)
+        for k, v in vars(args).items()
+        if k != "func" and v is not None
+    }
+    return open_tracker(args, out.parent / f"{out.name}-logs", out.name, config)
 
 
 def _settings(args: argparse.Namespace) -> TrainSettings:
@@ -168,7 +183,3 @@ def _settings(args: argparse.Namespace) -> TrainSettings:
         )
     except ValueError as e:
         raise ForgeError(str(e)) from None
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)

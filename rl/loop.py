@@ -203,11 +203,15 @@ def _say(message: str) -> None:
 
 
 def run_loop(
-    config: LoopConfig, after_phase: Callable[[int, str], None] | None = None
+    config: LoopConfig,
+    after_phase: Callable[[int, str], None] | None = None,
+    on_round: Callable[[dict[str, Any], int], None] | None = None,
 ) -> LoopState:
     """Run (or resume) the loop to ``config.rounds`` rounds; returns the final state.
     ``after_phase(round, phase)`` is called after each phase is recorded (for ``train``,
-    from the training thread when collection runs ahead)."""
+    from the training thread when collection runs ahead); ``on_round(point, round)`` once
+    per round, when its curve line is written, with the line and the round's last training
+    metrics (``train/...``): what ``--logger`` sends to TensorBoard and W&B."""
     from k8s_jobs.tasks import load_tasks
     from rl.trainer import read_policy_version
 
@@ -218,8 +222,8 @@ def run_loop(
         raise LoopError(f"model {config.model} is not a model folder (no config.json)")
     for record in state.rounds:  # a stop between a round's state and its curve line
         if "train" in record.done:
-            _append_curve(out, record)
-    trainer = _Trainer(config, state, after_phase)
+            _append_curve(out, record, on_round)
+    trainer = _Trainer(config, state, after_phase, on_round)
     try:
         for k in range(config.rounds):
             if k < len(state.rounds) and state.rounds[k].done == list(PHASES):
@@ -260,8 +264,10 @@ class _Trainer:
         config: LoopConfig,
         state: LoopState,
         after_phase: Callable[[int, str], None] | None,
+        on_round: Callable[[dict[str, Any], int], None] | None = None,
     ) -> None:
         self.config, self.state, self.after_phase = config, state, after_phase
+        self.on_round = on_round
         self.lock = threading.Condition()
         self.queue: list[int] = []
         self.error: BaseException | None = None
@@ -288,7 +294,7 @@ class _Trainer:
             record.done.append(phase)
             self.state.write(self.config.out)
             if phase == "train":
-                _append_curve(self.config.out, record)
+                _append_curve(self.config.out, record, self.on_round)
             self.lock.notify_all()
         if self.after_phase is not None:
             self.after_phase(record.round, phase)
@@ -489,21 +495,31 @@ def _train(config: LoopConfig, record: RoundRecord, base: str) -> None:
     _say(f"round {record.round}: trained {ckpt}")
 
 
+def _last_metrics(checkpoint: str | None) -> dict[str, Any]:
+    """The last line of a checkpoint's ``train_metrics.jsonl`` ({} when nothing trained)."""
+    if checkpoint is None:
+        return {}
+    metrics = Path(checkpoint) / "train_metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return dict(json.loads(lines[-1])) if lines else {}
+
+
 def _step_metrics(checkpoint: str | None) -> dict[str, float | None]:
     """What the round's training step did, from its checkpoint's ``train_metrics.jsonl``
     (the last step): its loss (policy gradient, or cross-entropy with ``sft``) and gradient
     norm; None when nothing was trained (then the weights did not move)."""
-    last: dict[str, Any] = {}
-    if checkpoint is not None:
-        metrics = Path(checkpoint) / "train_metrics.jsonl"
-        lines = metrics.read_text().splitlines() if metrics.is_file() else []
-        last = json.loads(lines[-1]) if lines else {}
+    last = _last_metrics(checkpoint)
     return {"loss": last.get("loss/pg", last.get("loss/sft")), "grad_norm": last.get("grad/norm")}
 
 
-def _append_curve(out: Path, record: RoundRecord) -> None:
+def _append_curve(
+    out: Path,
+    record: RoundRecord,
+    on_round: Callable[[dict[str, Any], int], None] | None = None,
+) -> None:
     """One line per finished round: the learning curve (mean reward by policy version),
-    with what the round's step did (a grad_norm of 0 or None: the weights did not move)."""
+    with what the round's step did (a grad_norm of 0 or None: the weights did not move).
+    ``on_round`` gets the line and the step's last metrics line (keys ``train/...``)."""
     curve = out / CURVE_FILE
     seen = curve.read_text().splitlines() if curve.is_file() else []
     if any(json.loads(s)["round"] == record.round for s in seen):
@@ -519,3 +535,6 @@ def _append_curve(out: Path, record: RoundRecord) -> None:
     }
     with open(curve, "a") as f:
         f.write(json.dumps(line) + "\n")
+    if on_round is not None:
+        last = _last_metrics(record.checkpoint)
+        on_round({**line, **{f"train/{k}": v for k, v in last.items()}}, record.round)

@@ -63,3 +63,24 @@ def test_train_sft_and_refusals(
     bad = ["train", "--snapshot", str(tmp_path), "--model", str(tiny_model_dir)]
     assert main([*bad, "--out", str(tmp_path / "y")]) == 2
     assert "manifest.json" in capsys.readouterr().err
+
+
+def test_train_logs_each_step_to_tensorboard_as_printed(
+    snapshot_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rl.tracking import read_tensorboard
+
+    out = tmp_path / "step-1"
+    argv = ["train", "--snapshot", str(snapshot_dir), "--model", str(tiny_model_dir), "--out"]
+    assert main([*argv, str(out), "--no-progress", "--logger", "console,tensorboard"]) == 0
+    (metrics,) = lines_of(capsys.readouterr().out)
+    logged = read_tensorboard(tmp_path / "step-1-logs" / "tensorboard")
+    assert logged["loss/pg"] == [(1, pytest.approx(metrics["loss/pg"]))]
+    assert logged["grad/norm"] == [(1, pytest.approx(metrics["grad/norm"]))]
+    assert set(logged) == {k for k in metrics if k != "step"}
+
+    assert main([*argv, str(tmp_path / "x"), "--logger", "console,mlflow"]) == 2
+    assert "unknown logger mlflow" in capsys.readouterr().err
