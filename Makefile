@@ -37,8 +37,9 @@ demo: setup
 # HARNESS=codex or HARNESS=claude runs the same recipe through that real CLI (its prompts
 # are long: 4 samples per forward pass).
 HARNESS ?= toy
+MODEL ?= tiny
 demo-rl: setup $(if $(filter toy,$(HARNESS)),,harnesses)
-	$(PY) -m rl.demo_rl --harness $(HARNESS) $(if $(filter toy,$(HARNESS)),,--micro-batch-size 4)
+	$(PY) -m rl.demo_rl --harness $(HARNESS) --model $(MODEL) $(if $(filter toy,$(HARNESS)),,--micro-batch-size 4)
 
 # Every test: the fast suite, then the slow one (real harness CLIs, network namespaces).
 test: setup harnesses lint test-fast test-slow

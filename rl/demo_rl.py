@@ -38,6 +38,14 @@ from typing import Any, cast
 
 from rl.demo_tasks import DEFAULT_OUT as DEFAULT_TASKS
 
+# The policies the demo trains, and each one's recipe where it differs: the tiny random
+# Qwen3 needs many epochs at a high learning rate to learn anything; the pretrained
+# SmolLM2-135M-Instruct (``forge init-model --smollm2``) is trained as fine-tuning is.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {"sft_epochs": 10, "sft_lr": 1e-2, "rl_lr": 1e-3, "micro_batch_size": 16},
+    "smollm2": {"sft_epochs": 2, "sft_lr": 5e-5, "rl_lr": 1e-5, "micro_batch_size": 4},
+}
+
 RIGHT = "bash task.sh"
 SLOPPY = ("cat task.sh", "bash task.sh --dry-run", "ls")
 
@@ -187,6 +195,17 @@ def success(summary: Any) -> float:
     return sum(1 for r in results if (r.reward or 0.0) > 0) / len(results) if results else 0.0
 
 
+def pretrained_model(out: Path) -> Path:
+    """SmolLM2-135M-Instruct under ``out/smollm2``, built on first use."""
+    from rl.gguf_model import build_from_gguf, smollm2_gguf
+
+    folder = out / "smollm2"
+    if not (folder / "config.json").is_file():
+        _say(f"building SmolLM2-135M-Instruct into {folder}")
+        build_from_gguf(smollm2_gguf(), folder)
+    return folder
+
+
 def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any]) -> SeedResult:
     from rl.loop import LoopConfig, run_loop, serve_and_run
     from rl.losses import LossSettings
@@ -197,7 +216,10 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
     started = time.monotonic()
     root = args.out / f"seed-{seed}"
     init, sft = root / "init", root / "sft"
-    build_tiny_model(init, seed=seed)
+    if args.model == "tiny":
+        build_tiny_model(init, seed=seed)
+    else:  # the pretrained weights, the same for every seed (SFT and RL are seeded)
+        init = pretrained_model(args.out)
     sft_settings = TrainSettings(
         loss=LossSettings(),
         sft=True,
@@ -373,17 +395,23 @@ def main(argv: list[str] | None = None) -> int:
         help="the harness the expert is recorded in, RL runs in and held-out success is "
         "measured in (codex and claude: the pinned CLIs of .harnesses/)",
     )
-    p.add_argument("--out", type=Path, default=None, help="default data/demo-rl/HARNESS")
+    p.add_argument(
+        "--model",
+        choices=sorted(MODEL_DEFAULTS),
+        default="tiny",
+        help="the policy: a tiny random Qwen3 (default) or the pretrained SmolLM2-135M-Instruct",
+    )
+    p.add_argument("--out", type=Path, default=None, help="default data/demo-rl/HARNESS (-smollm2)")
     p.add_argument("--tasks", type=Path, default=DEFAULT_TASKS)
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (default 3)")
     p.add_argument("--expert-accuracy", type=float, default=0.35)
     p.add_argument("--expert-tasks", type=int, default=96, help="train tasks the expert records")
-    p.add_argument("--sft-epochs", type=int, default=10)
-    p.add_argument("--sft-lr", type=float, default=1e-2)
+    p.add_argument("--sft-epochs", type=int, default=None, help="default: the model's recipe")
+    p.add_argument("--sft-lr", type=float, default=None, help="default: the model's recipe")
     p.add_argument("--rounds", type=int, default=4, help="RL rounds per seed")
     p.add_argument("--tasks-per-round", type=int, default=6)
     p.add_argument("-n", type=int, default=8, help="GRPO group size")
-    p.add_argument("--rl-lr", type=float, default=1e-3)
+    p.add_argument("--rl-lr", type=float, default=None, help="default: the model's recipe")
     p.add_argument(
         "--keep-optimizer",
         action=argparse.BooleanOptionalAction,
@@ -398,10 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--micro-batch-size",
         type=int,
-        default=16,
-        help="samples per forward/backward (fewer for a harness with long prompts)",
+        default=None,
+        help="samples per forward/backward (default: the model's recipe; fewer for a "
+        "harness with long prompts)",
     )
     args = p.parse_args(argv)
+    for key, value in MODEL_DEFAULTS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.seeds < 1 or args.rounds < 1:
         p.error("--seeds and --rounds must be at least 1")
     logging.basicConfig(level=logging.INFO, format="forge demo-rl: %(message)s")
@@ -409,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     from rl.loop import select_split
 
     started = time.monotonic()
-    args.out = (args.out or Path("data/demo-rl") / args.harness).resolve()
+    name = args.harness if args.model == "tiny" else f"{args.harness}-{args.model}"
+    args.out = (args.out or Path("data/demo-rl") / name).resolve()
     if args.harness != "toy":
         _require_harness_cli(args.harness)
     args.tasks = args.tasks.resolve()
