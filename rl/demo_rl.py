@@ -216,6 +216,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
     started = time.monotonic()
     root = args.out / f"seed-{seed}"
     init, sft = root / "init", root / "sft"
+    root.mkdir(parents=True, exist_ok=True)
     if args.model == "tiny":
         build_tiny_model(init, seed=seed)
     else:  # the pretrained weights, the same for every seed (SFT and RL are seeded)
