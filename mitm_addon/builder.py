@@ -120,7 +120,7 @@ class Builder:
         self.calls_written = 0
         self._seen: set[str] = set()  # message hashes already stored
         self._call_ids: set[str] = set()
-        self._responses: dict[str, str] = {}  # response_id -> response_head_hash
+        self._responses: dict[str, str] = {}  # response_id -> the head it continues from
         self._begun: dict[str, dict[str, Any]] = {}  # BEGIN headers of calls not ended yet
         self._waiting: dict[str, tuple[Capture, float]] = {}  # ended, awaiting their PROC
         self._buffer = _Buffer()
@@ -136,11 +136,18 @@ class Builder:
         root = self.settings.root
         self._seen = {r["hash"] for r in read_column_values(root, "messages", ["hash"])}
         for r in read_column_values(
-            root, "calls", ["call_id", "response_id", "response_head_hash"]
+            root, "calls", ["call_id", "response_id", "request_head_hash", "response_head_hash"]
         ):
             self._call_ids.add(r["call_id"])
-            if r["response_id"] and r["response_head_hash"]:
-                self._responses[r["response_id"]] = r["response_head_hash"]
+            self._remember_response(r)
+
+    def _remember_response(self, call: dict[str, Any]) -> None:
+        """Where a later call naming ``call``'s response in ``previous_response_id``
+        continues: its response's last item, or, for a response without output (Codex's
+        ``generate: false`` prewarm, which carries the base instructions), its request's."""
+        head = call["response_head_hash"] or call["request_head_hash"]
+        if call["response_id"] and head:
+            self._responses[call["response_id"]] = head
 
     # -- frames ------------------------------------------------------------------------
 
@@ -239,9 +246,7 @@ class Builder:
             if m["hash"] not in self._seen:
                 self._seen.add(m["hash"])
                 b.messages.append(m)
-        call = rows.call
-        if call["response_id"] and call["response_head_hash"]:
-            self._responses[call["response_id"]] = call["response_head_hash"]
+        self._remember_response(rows.call)
         full = len(b.calls) >= s.rotate_rows or b.bytes >= s.rotate_bytes
         if full and time.monotonic() >= self._retry_at:
             self.flush()  # a shard holds at most rotate_rows calls, even of one segment

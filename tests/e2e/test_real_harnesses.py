@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.export import iter_sft_examples
+from pipeline.store import connect
 from tests.e2e.test_record_sdks import assert_recorded_as_received
 from tests.support import harnesses
 from tests.support.forge_proxy import (
@@ -151,5 +153,13 @@ def test_codex_completes_its_task_with_every_call_recorded(
             r["previous_response_id"] == p["response_id"]
             for p, r in zip(rows, rows[1:], strict=False)
         )
+        # Those calls carry only their new items: their conversation, as SFT exports it,
+        # starts with the warm-up's, Codex's base instructions.
+        con = connect(tmp_path / "run", stitched=True)
+        try:
+            firsts = {e["messages"][0]["content"][:40] for e in iter_sft_examples(con)}
+        finally:
+            con.close()
+        assert firsts == {"You are Codex, a coding agent based on G"}
     assert all(r["codex_session_id"] for r in rows)
     assert any(r["tool_calls"] for r in rows)

@@ -3,6 +3,7 @@ when what they hold is stored; and its child process, which the proxy alone stop
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -184,3 +185,51 @@ def test_the_child_refuses_bad_arguments(argv: list[str]) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 2 and "usage: python -m mitm_addon.builder" in out.stderr
+
+
+def responses_capture(
+    call_id: str, items: list[dict[str, object]], response: dict[str, object], **body: object
+) -> Capture:
+    return Capture(
+        call_id=call_id,
+        run_id="run-a",
+        transport="http",
+        method="POST",
+        scheme="https",
+        host="api.openai.com",
+        path="/v1/responses",
+        started_at=time.time(),
+        request_body=json.dumps({"model": "gpt-5.5", "input": items, **body}).encode(),
+        status_code=200,
+        response_headers={"content-type": "application/json"},
+        response_body=json.dumps(response).encode(),
+        ended_at=time.time(),
+    )
+
+
+def test_a_call_after_a_prewarm_continues_the_prewarms_items(tmp_path: Path) -> None:
+    """Codex's warm-up (generate: false) carries the base instructions and answers with no
+    output; the next call names it in previous_response_id and sends only its new items.
+    Its conversation still starts with the instructions."""
+    base = {"type": "message", "role": "developer", "content": "You are Codex."}
+    ask = {"type": "message", "role": "user", "content": "Say hi."}
+    prewarm = responses_capture(
+        "0" * 23 + "1", [base], {"id": "resp_w", "object": "response", "output": []},
+        generate=False,
+    )  # fmt: skip
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+    call = responses_capture(
+        "0" * 23 + "2", [ask], {"id": "resp_c", "object": "response", "output": [answer]},
+        previous_response_id="resp_w",
+    )  # fmt: skip
+    write_segment(tmp_path, 1, end_frame(prewarm), end_frame(call))
+    builder_mod.recover(settings(tmp_path), before_segment=2)
+    con = connect(tmp_path, stitched=True)
+    from pipeline.export import iter_sft_examples
+
+    (example,) = list(iter_sft_examples(con))
+    assert example["messages"] == [
+        {"role": "system", "content": "You are Codex."},
+        {"role": "user", "content": "Say hi."},
+        {"role": "assistant", "content": "hi"},
+    ]
