@@ -72,6 +72,9 @@ class Config:
     serve_models: tuple[str, ...] = ()
     # Serve mode: most completion tokens per served call (0: what the harness asks for).
     serve_max_tokens: int = 0
+    # Serve mode: the policy version recorded on calls whose server reports none (vLLM,
+    # whose weights the loop publishes; None: the server's own, else none).
+    policy_version: int | None = None
 
 
 def parse_policy_url(value: str) -> str:
@@ -169,6 +172,13 @@ def parse_non_negative(name: str, value: int) -> int:
     if value < 0:
         raise ConfigError(f"{name} must be >= 0, got {value}")
     return value
+
+
+def parse_policy_version(value: int) -> int | None:
+    """``forge_policy_version``: a version (>= 0), or -1 for none."""
+    if value < -1:
+        raise ConfigError(f"forge_policy_version must be >= 0 (or -1: none), got {value}")
+    return None if value == -1 else value
 
 
 def parse_proxy_password(value: str) -> str | None:

@@ -42,6 +42,7 @@ from typing import Any
 
 STATE_FILE = "state.json"
 CURVE_FILE = "curve.jsonl"
+POLICY_SERVERS = ("forge", "vllm")
 PHASES = ("collect", "snapshot", "train")
 # Fault injection for the kill tests: the loop SIGKILLs itself (as an OOM killer or a
 # preempted node would) when it reaches the point this variable names, e.g. "publish:1".
@@ -84,6 +85,14 @@ class LoopConfig:
     """How many policy versions a round's collection may lag the synchronous schedule:
     0 collects each round with the previous round's checkpoint; S >= 1 lets round k
     collect while rounds up to k-1 train, waiting only for round k-1-S's checkpoint."""
+    policy_server: str = "forge"
+    """What serves the policy: ``forge`` (the embedded server, started for each round's
+    checkpoint) or ``vllm`` (one ``vllm serve`` for the whole loop, each new checkpoint
+    published into it between rounds: ``rl.policy.vllm``)."""
+    vllm_python: str | None = None
+    """vLLM's python (default ``FORGE_VLLM_PYTHON``, else ``.venv-vllm/bin/python``)."""
+    vllm_args: list[str] | None = None
+    """Extra ``vllm serve`` flags (default ``--dtype float32``)."""
 
     @classmethod
     def load(cls, path: str | Path) -> LoopConfig:
@@ -132,6 +141,11 @@ class LoopConfig:
             raise LoopError(f"{p}: tasks_per_round must be at least 1")
         if config.max_staleness < 0:
             raise LoopError(f"{p}: max_staleness must be 0 (synchronous) or more")
+        if config.policy_server not in POLICY_SERVERS:
+            raise LoopError(
+                f"{p}: policy_server must be one of {', '.join(POLICY_SERVERS)}, "
+                f"not {config.policy_server!r}"
+            )
         from rl.train import TrainError, settings_from
 
         try:
@@ -224,6 +238,7 @@ def run_loop(
         if "train" in record.done:
             _append_curve(out, record, on_round)
     trainer = _Trainer(config, state, after_phase, on_round)
+    vllm: Any = None
     try:
         for k in range(config.rounds):
             if k < len(state.rounds) and state.rounds[k].done == list(PHASES):
@@ -242,7 +257,9 @@ def run_loop(
                     continue
                 started = time.time()
                 if phase == "collect":
-                    _collect(config, round_tasks(tasks, config, k), record)
+                    if config.policy_server == "vllm":
+                        vllm = _publish(config, vllm, record)
+                    _collect(config, round_tasks(tasks, config, k), record, vllm)
                 else:
                     _snapshot(config, record)
                 _failpoint(phase, k)
@@ -251,6 +268,8 @@ def run_loop(
         trainer.wait_for(config.rounds - 1)
     finally:
         trainer.stop()
+        if vllm is not None:
+            vllm.stop()
     return state
 
 
@@ -387,22 +406,32 @@ def serve_and_run(
     timeout_s: float | None = None,
     confdir: Path | None = None,
     progress: bool = True,
+    policy_url: str | None = None,
 ) -> Any:
     """Serve ``policy`` with the embedded policy server and run ``tasks`` x ``n`` against
     it in serve mode into ``run_dir`` (resumed if it holds a stopped run). Returns the
-    rollout runner's ``RunSummary``."""
+    rollout runner's ``RunSummary``. With ``policy_url``, a server already serving that
+    policy (vLLM) answers instead; ``policy`` then gives the tokenizer only."""
     from k8s_jobs.local import RolloutOptions, run_rollouts
     from k8s_jobs.outcome import ProgressPrinter
     from mitm_addon.launch import DEFAULT_CONFDIR
     from mitm_addon.launch.serve_options import serve_options
     from rl.policy.server import PolicyServer, ServerSettings
 
-    server = PolicyServer(
-        ServerSettings(model_dir=policy, port=0, policy_version=policy_version)
-    ).start()
+    server = None
+    if policy_url is None:
+        server = PolicyServer(
+            ServerSettings(model_dir=policy, port=0, policy_version=policy_version)
+        ).start()
+        policy_url = server.base_url
     printer = ProgressPrinter() if progress else None
     try:
-        extra = serve_options(server.base_url, policy, max_tokens=serve_max_tokens)
+        extra = serve_options(
+            policy_url,
+            policy,
+            max_tokens=serve_max_tokens,
+            policy_version=None if server is not None else policy_version,
+        )
         return run_rollouts(
             tasks,
             RolloutOptions(
@@ -421,10 +450,38 @@ def serve_and_run(
     finally:
         if printer is not None:
             printer.close()
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
-def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
+def _publish(config: LoopConfig, vllm: Any, record: RoundRecord) -> Any:
+    """The loop's vLLM serving ``record.policy``: started with it on the first collect
+    (or after a stop), else the checkpoint published into the running engine."""
+    from rl.policy.vllm import VLLMError, VLLMServer
+
+    policy = Path(record.policy)
+    try:
+        if vllm is None:
+            _say(f"round {record.round}: starting vLLM with {policy}")
+            return VLLMServer(
+                policy,
+                record.policy_version,
+                config.out / "logs" / "vllm.log",
+                python=config.vllm_python,
+                extra_args=config.vllm_args,
+            )
+        if vllm.version != record.policy_version:
+            seconds = vllm.publish(policy, record.policy_version)
+            _say(
+                f"round {record.round}: published {policy} into vLLM as policy version "
+                f"{record.policy_version} in {seconds:.2f} s"
+            )
+    except VLLMError as e:
+        raise LoopError(f"round {record.round}: {e}") from None
+    return vllm
+
+
+def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord, vllm: Any = None) -> None:
     run_dir = config.out / "runs" / f"round-{record.round}"
     started = time.monotonic()
     summary = serve_and_run(
@@ -432,6 +489,7 @@ def _collect(config: LoopConfig, tasks: list[Any], record: RoundRecord) -> None:
         record.policy_version,
         tasks,
         run_dir,
+        policy_url=None if vllm is None else vllm.base_url,
         harness=config.harness,
         n=config.n,
         parallel=config.parallel,

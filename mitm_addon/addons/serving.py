@@ -71,6 +71,7 @@ class Serving:
             config.tokenizer_dir,
             config.serve_models,
             config.serve_max_tokens,
+            config.policy_version,
         )
         if self.server is not None and self._key == key:
             return self.server
@@ -79,6 +80,7 @@ class Serving:
                 config.policy_url,
                 config.tokenizer_dir,
                 config.serve_models,
+                policy_version=config.policy_version,
                 max_tokens_cap=config.serve_max_tokens or None,
             )
         except (TemplateError, ValueError) as e:

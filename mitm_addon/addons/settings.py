@@ -71,6 +71,13 @@ class Settings:
             "capped reply ends with the API's length stop reason.",
         )
         loader.add_option(
+            "forge_policy_version",
+            int,
+            -1,
+            "Serve mode: the policy version recorded on each served call when the policy "
+            "server reports none (vLLM; forge serve-policy reports its own). -1: none.",
+        )
+        loader.add_option(
             "forge_rollout",
             Optional[str],  # type: ignore[arg-type]  # noqa: UP045 - mitmproxy's option types
             None,
@@ -276,6 +283,7 @@ def parse_config(o: optmanager.OptManager) -> cfg.Config:
         tokenizer_dir=Path(o.forge_tokenizer).expanduser().resolve() if o.forge_tokenizer else None,
         serve_models=parse_models(o.forge_serve_models),
         serve_max_tokens=cfg.parse_non_negative("forge_serve_max_tokens", o.forge_serve_max_tokens),
+        policy_version=cfg.parse_policy_version(o.forge_policy_version),
     )
 
 

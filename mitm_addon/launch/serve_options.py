@@ -40,9 +40,14 @@ def _models(policy: str, wait_s: float = WAIT_S) -> bytes:
 
 
 def serve_options(
-    policy: str | None, tokenizer: Path | None, models: str = "all", max_tokens: int = 0
+    policy: str | None,
+    tokenizer: Path | None,
+    models: str = "all",
+    max_tokens: int = 0,
+    policy_version: int | None = None,
 ) -> list[str]:
-    """The addon options of serve mode; the tokenizer defaults to the policy's model folder."""
+    """The addon options of serve mode; the tokenizer defaults to the policy's model folder.
+    ``policy_version`` is recorded on calls where the server reports none (vLLM)."""
     if not policy:
         raise ForgeError("--mode serve needs --policy URL (e.g. http://127.0.0.1:8000)")
     if tokenizer is None:
@@ -61,4 +66,5 @@ def serve_options(
         f"forge_tokenizer={tokenizer.resolve()}",
         f"forge_serve_models={models}",
         f"forge_serve_max_tokens={max_tokens}",
+        *([] if policy_version is None else [f"forge_policy_version={policy_version}"]),
     ]

@@ -262,6 +262,9 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
     bad.write_text("out: x\nmodel: y\ntasks: t\nmax_staleness: -1\n")
     with pytest.raises(LoopError, match="max_staleness must be 0"):
         LoopConfig.load(bad)
+    bad.write_text("out: x\nmodel: y\ntasks: t\npolicy_server: sglang\n")
+    with pytest.raises(LoopError, match="policy_server must be one of forge, vllm, not 'sglang'"):
+        LoopConfig.load(bad)
     bad.write_text("out: x\nmodel: y\ntasks: t\ntrain: {lr: 1e-3, lrr: 2}\n")
     with pytest.raises(LoopError, match="train: unknown training setting.s. lrr"):
         LoopConfig.load(bad)

@@ -90,3 +90,15 @@ def test_a_negative_serve_max_tokens_is_an_options_error(tmp_path: Path) -> None
             forge_tokenizer=str(qwen3_tokenizer_dir()),
             forge_serve_max_tokens=-1,
         )
+
+
+def test_a_policy_version_below_minus_one_is_an_options_error(tmp_path: Path) -> None:
+    a = ForgeAddons()
+    with addon_context(a), pytest.raises(exceptions.OptionsError, match="-1: none"):
+        a.configure(
+            forge_dir=str(tmp_path / "run"),
+            forge_mode="serve",
+            forge_policy="http://127.0.0.1:9",
+            forge_tokenizer=str(qwen3_tokenizer_dir()),
+            forge_policy_version=-2,
+        )
