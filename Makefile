@@ -9,7 +9,7 @@ HARNESS_STAMP := .harnesses/node_modules/.forge-installed
 LITELLM_VENV := bench/.venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.forge-installed
 
-.PHONY: setup harnesses demo demo-rl test test-fast test-slow soak bench bench-setup lint schema-doc clean vllm-setup test-vllm
+.PHONY: setup harnesses demo demo-rl test test-fast test-slow soak bench bench-setup lint schema-doc clean vllm-setup test-vllm bench-vllm gpu-check
 
 setup: $(STAMP)
 
@@ -87,6 +87,15 @@ $(VLLM_STAMP):
 
 test-vllm: setup vllm-setup
 	FORGE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m pytest -m vllm -q
+
+# Serve-mode rollouts per minute, vLLM against forge serve-policy (bench/results.json).
+bench-vllm: setup vllm-setup
+	FORGE_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) -m bench.bench_policy_servers
+
+# One loop round on a GPU (vLLM CUDA + veRL FSDP bf16, SmolLM2), one JSON line: on a GPU
+# machine with a CUDA vLLM in FORGE_VLLM_PYTHON (scripts/gpu_check.sh --help).
+gpu-check: setup
+	scripts/gpu_check.sh
 
 # ruff; the import contracts of pyproject.toml (forge_cli > rl : k8s_jobs > mitm_addon >
 # pipeline); mypy strict on every package.

@@ -40,11 +40,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, help="new checkpoint folder (verl: or out in --config)")
     p.add_argument(
         "--backend",
-        choices=("embedded", "verl"),
+        choices=("embedded", "verl", "verl-ray"),
         default="embedded",
         help="embedded: this process's torch trainer (the flags below); verl: veRL's FSDP "
         "training engine, configured by --config and KEY=VALUE overrides (one process, or "
-        "one per GPU under torchrun)",
+        "one per GPU under torchrun); verl-ray: veRL's RayPPOTrainer on a Ray cluster "
+        "(RAY_ADDRESS, or a local one started for the run), whose KEY=VALUE overrides are "
+        "veRL's own Hydra overrides of its ppo_trainer.yaml (e.g. trainer.nnodes=2 "
+        "actor_rollout_ref.actor.optim.lr=1e-5)",
     )
     p.add_argument(
         "--config",
@@ -56,7 +59,8 @@ def add_parser(sub: Any) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="verl: config overrides by dotted key, e.g. actor.optim.lr=1e-5",
+        help="verl: config overrides by dotted key, e.g. actor.optim.lr=1e-5; verl-ray: "
+        "veRL's Hydra overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-5",
     )
     p.add_argument(
         "--keep-optimizer",
@@ -110,9 +114,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.train import TrainJob, train, train_verl  # torch: imported when training
+    from rl.train import TrainJob, train, train_verl, train_verl_ray  # torch: when training
 
-    if args.backend == "verl":
+    if args.backend in ("verl", "verl-ray"):
         if args.sft:
             raise ForgeError("--sft is the embedded trainer's; veRL's backend trains GRPO/PPO")
         if args.chats is not None:
@@ -121,13 +125,26 @@ def run(args: argparse.Namespace) -> int:
             raise ForgeError(
                 "--keep-optimizer is the embedded trainer's (veRL's engine keeps its own)"
             )
+    if args.backend == "verl-ray":
+        if args.config is not None:
+            raise ForgeError(
+                "verl-ray is configured by overrides of veRL's ppo_trainer.yaml, not --config"
+            )
+        if args.snapshot is None or args.model is None or args.out is None:
+            raise ForgeError("--backend verl-ray needs --snapshot, --model and --out")
+        with _tracker(args) as tracker:
+            train_verl_ray(args.snapshot, args.model, args.out, args.overrides, tracker.line)
+        return 0
+    if args.backend == "verl":
         with _tracker(args) as tracker:
             train_verl(
                 args.snapshot, args.model, args.out, args.config, args.overrides, tracker.line
             )
         return 0
     if args.config is not None or args.overrides:
-        raise ForgeError("--config and KEY=VALUE overrides are for --backend verl")
+        raise ForgeError(
+            "KEY=VALUE overrides are for --backend verl or verl-ray, --config for verl alone"
+        )
     if args.model is None or args.out is None:
         raise ForgeError("--model and --out are required")
     job = TrainJob(

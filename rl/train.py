@@ -1,7 +1,8 @@
 """Train a policy on a snapshot (or, for SFT, on recorded chats) into a new checkpoint.
 
 The library call behind ``forge train``, ``forge loop``'s train phase and ``make demo-rl``:
-one pass of the embedded trainer (``train``) or of veRL's FSDP engine (``train_verl``).
+one pass of the embedded trainer (``train``), of veRL's FSDP engine (``train_verl``), or of
+veRL's own ``RayPPOTrainer`` on a Ray cluster (``train_verl_ray``).
 The checkpoint is a Hugging Face model folder whose ``forge.json`` records the policy
 version (the input's + 1); its metrics, one JSON line per optimizer step, go to the
 caller's ``on_metrics`` and to ``OUT/train_metrics.jsonl``.
@@ -29,6 +30,7 @@ __all__ = [
     "settings_from",
     "train",
     "train_verl",
+    "train_verl_ray",
 ]
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,92 @@ def train_verl(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def train_verl_ray(
+    snapshot: Path,
+    model: Path,
+    out: Path,
+    overrides: Sequence[str] = (),
+    on_metrics: OnMetrics | None = None,
+) -> Path:
+    """One GRPO pass of veRL's ``RayPPOTrainer`` over ``snapshot`` on a Ray cluster
+    (``RAY_ADDRESS``, or a local one started for the run and shut down after it);
+    ``overrides`` are veRL's own Hydra overrides of its ``ppo_trainer.yaml``. veRL writes
+    its checkpoint beside ``out`` (``OUT-verl``, ``trainer.default_local_dir``); its
+    Hugging Face weights become the Forge checkpoint ``out``. On several nodes both folders
+    must be on a path the driver shares with the workers."""
+    if out.exists():
+        raise TrainError(f"--out {out} exists: checkpoints are never overwritten")
+    if not (model / "config.json").is_file():
+        raise TrainError(f"--model {model} is not a Hugging Face model folder (no config.json)")
+    try:
+        samples = read_samples(snapshot)
+    except (BatchError, FileNotFoundError) as e:
+        raise TrainError(str(e)) from None
+    if not samples:
+        raise TrainError(_no_samples(snapshot))
+
+    import ray
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rl.verl_backend import ray_run
+
+    verl_dir = out.parent / f"{out.name}-verl"
+    # Absolute paths: the Ray workers that read and write them need not share our cwd.
+    verl_overrides = [
+        f"data.train_files={snapshot.resolve()}",
+        f"actor_rollout_ref.model.path={model.resolve()}",
+        f"trainer.default_local_dir={verl_dir.resolve()}",
+        *overrides,
+    ]
+    try:  # bad overrides are refused here, before a cluster is joined or started
+        asked = ray_run.compose(verl_overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise TrainError(f"veRL override: {e}") from None
+    if Path(str(asked.trainer.default_local_dir)).exists():
+        raise TrainError(
+            f"trainer.default_local_dir {asked.trainer.default_local_dir} exists: veRL's "
+            "checkpoints are never overwritten; pick a new --out (or remove that folder)"
+        )
+
+    version = trainer.read_policy_version(model)
+    started = time.monotonic()
+    ours = not ray.is_initialized()  # ray_run starts (or joins) Ray unless it already runs
+    try:
+        result = ray_run.train(samples, verl_overrides, log_line=log.info)
+    finally:
+        if ours and ray.is_initialized():
+            # The worker group's placement groups and the runtime env (the CPU setup hook)
+            # belong to this run; a later call in this process starts afresh.
+            ray.shutdown()
+    metrics = {
+        "policy_version": version,
+        "backend": "verl-ray",
+        "samples/count": len(samples),
+        **result.metrics,
+        **read_group_stats(snapshot),
+    }
+    line = json.dumps(metrics, sort_keys=True)
+    if on_metrics is not None:
+        on_metrics(line)
+    try:
+        policy = trainer.load_policy(result.weights)
+    except (OSError, ValueError) as e:
+        raise TrainError(f"veRL's checkpoint {result.weights}: {e}") from None
+    info = {
+        "mode": "grpo",
+        "backend": "verl-ray",
+        "processes": result.processes,
+        "nodes": result.nodes,
+        "device": result.device,
+        "overrides": verl_overrides,  # Forge's paths, then the caller's
+        "verl_checkpoint": str(result.checkpoint),
+        "samples": len(samples),
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    return _save(policy, out, version, model, snapshot, info, [line])
 
 
 def _save(

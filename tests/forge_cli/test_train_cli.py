@@ -84,3 +84,27 @@ def test_train_logs_each_step_to_tensorboard_as_printed(
 
     assert main([*argv, str(tmp_path / "x"), "--logger", "console,mlflow"]) == 2
     assert "unknown logger mlflow" in capsys.readouterr().err
+
+
+def test_train_backend_verl_ray_refuses_config_sft_and_missing_paths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["train", "--backend", "verl-ray", "--snapshot", str(tmp_path / "snap")]
+    base += ["--model", str(tmp_path / "model")]
+    ray = [*base, "--out", str(tmp_path / "out")]
+    refused = [
+        (
+            [*ray, "--config", str(tmp_path / "grpo.yaml")],
+            "verl-ray is configured by overrides of veRL's ppo_trainer.yaml, not --config",
+        ),
+        ([*ray, "--sft"], "--sft is the embedded trainer's; veRL's backend trains GRPO/PPO"),
+        (
+            [*ray, "--keep-optimizer"],
+            "--keep-optimizer is the embedded trainer's (veRL's engine keeps its own)",
+        ),
+        (base, "--backend verl-ray needs --snapshot, --model and --out"),
+    ]
+    for argv, message in refused:
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"forge: error: {message}\n"
+    assert not any(tmp_path.iterdir())
