@@ -72,7 +72,9 @@ $(LITELLM_STAMP): bench/litellm-constraints.txt
 
 # vLLM on CPU, the production policy server, in a venv of its own: it pins transformers
 # (5.16 to 5.20) apart from Forge's. `make test-vllm` serves the tiny model with it and
-# checks serve mode records the same columns as with forge serve-policy.
+# checks serve mode records the same columns as with forge serve-policy, runs two-round
+# forge loops on it (tiny model and SmolLM2, a weight publish between the rounds) and the
+# GPU check's round on the CPU (scripts/gpu_check.sh --device cpu).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.forge-installed
 
