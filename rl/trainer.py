@@ -89,6 +89,48 @@ class TrainSettings:
 _PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
 
 
+# A micro-batch whose rows all begin with at least this many identical tokens (a
+# harness's system prompt and tools, a GRPO group's shared prompt) runs that prefix once.
+SHARED_PREFIX_MIN_TOKENS = 512
+
+
+def shared_prefix_length(batch: Batch) -> int:
+    """Tokens every row of ``batch`` begins with, unpadded, up to the position before the
+    first trained token of any row (that position's hidden state is needed per row)."""
+    ids, attention = batch.input_ids, batch.attention_mask
+    same = (ids == ids[:1]).all(dim=0) & (attention > 0).all(dim=0)  # (T,)
+    lead = int(torch.cumprod(same.to(torch.int64), dim=0).sum())
+    trained = (batch.loss_mask[:, 1:] > 0).any(dim=0)  # (T-1,): position j predicts j+1
+    first = int(torch.nonzero(trained)[0]) if bool(trained.any()) else ids.shape[1] - 1
+    return min(lead, first)
+
+
+def _hidden_after_shared_prefix(model: torch.nn.Module, batch: Batch, n: int) -> torch.Tensor:
+    """(B, T-n, H): the decoder's last hidden states after the first ``n`` tokens, which
+    every row shares, computed once for the batch and attended to by each row (its keys
+    and values repeated over the rows; their gradients add up through the repeat). Equal
+    to the full forward pass up to float rounding, and its attention costs rows x suffix x
+    length instead of rows x length^2: Codex's 7.7k-token prompt is such a prefix."""
+    from transformers import DynamicCache
+
+    decoder = model.get_decoder()  # type: ignore[operator]
+    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
+    decoder(
+        input_ids=batch.input_ids[:1, :n],
+        attention_mask=batch.attention_mask[:1, :n],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    cache.batch_repeat_interleave(batch.input_ids.shape[0])
+    hidden: torch.Tensor = decoder(
+        input_ids=batch.input_ids[:, n:],
+        attention_mask=batch.attention_mask,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    return hidden
+
+
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """(B, T) logprob of each trained token given the ones before it; 0 elsewhere.
 
@@ -96,7 +138,9 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     mostly prompt and tool output, and Qwen3's 152k-word head over every position was most
     of a step's time and memory. For the plain-head models of ``_PLAIN_HEAD`` the head runs
     on exactly those rows; for others, on the positions trained in any sample of the batch
-    (the model's own ``logits_to_keep``, so its own logit processing applies).
+    (the model's own ``logits_to_keep``, so its own logit processing applies). A prefix
+    every row shares (``shared_prefix_length``, at least ``SHARED_PREFIX_MIN_TOKENS``) runs
+    once for a plain-head model.
     """
     b, t = batch.input_ids.shape
     trained = batch.loss_mask[:, 1:] > 0  # (B, T-1): position j predicts token j+1
@@ -105,11 +149,17 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return out
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) in _PLAIN_HEAD:
-        # torch types a Module's unknown attributes as Tensor | Module; these are HF methods.
-        hidden = model.get_decoder()(  # type: ignore[operator]
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask
-        ).last_hidden_state  # (B, T, H)
-        logits = model.get_output_embeddings()(hidden[:, :-1][trained])  # type: ignore[operator]  # (N, V)
+        n = shared_prefix_length(batch)
+        if b > 1 and n >= SHARED_PREFIX_MIN_TOKENS:
+            hidden = _hidden_after_shared_prefix(model, batch, n)  # (B, T-n, H)
+            rows = hidden[:, :-1][trained[:, n:]]
+        else:
+            # torch types a Module's unknown attributes as Tensor | Module; these are HF's.
+            hidden = model.get_decoder()(  # type: ignore[operator]
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask
+            ).last_hidden_state  # (B, T, H)
+            rows = hidden[:, :-1][trained]
+        logits = model.get_output_embeddings()(rows)  # type: ignore[operator]  # (N, V)
         labels = batch.input_ids[:, 1:][trained]  # (N,)
         lp = -F.cross_entropy(logits.float(), labels, reduction="none")
         out[:, 1:][trained] = lp

@@ -19,11 +19,12 @@ from rl.trainer import (
     load_policy,
     read_policy_version,
     save_checkpoint,
+    shared_prefix_length,
     token_logprobs,
     train,
     train_step,
 )
-from tests.rl.conftest import make_samples
+from tests.rl.conftest import VOCAB, make_samples
 
 
 def reference_logprobs(model: Any, samples: list[Sample]) -> torch.Tensor:
@@ -236,6 +237,58 @@ def test_logprobs_of_trained_tokens_equal_a_full_forward_and_carry_gradients(
     lp.sum().backward()
     grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def agent_samples(prefix_len: int, seed: int = 0) -> list[Sample]:
+    """Four samples as a harness's calls make them: one long shared prompt (system prompt
+    and tools), then each its own turn and trained completion, of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(2, VOCAB, (prefix_len,), generator=g).tolist()
+    out = []
+    for i in range(4):
+        turn = torch.randint(2, VOCAB, (20 + 7 * i,), generator=g).tolist()
+        reply = torch.randint(2, VOCAB, (10 + i,), generator=g).tolist()
+        mask = (0,) * (prefix_len + len(turn)) + (1,) * len(reply)
+        out.append(Sample(f"s{i}", "g", tuple(prefix + turn + reply), mask, None, 1.0 - i / 2))
+    return out
+
+
+def test_the_shared_prefix_is_the_rows_common_start_before_any_trained_token() -> None:
+    samples = agent_samples(600)
+    assert shared_prefix_length(collate(samples)) == 600  # then each its own turn
+    # A row that is trained earlier bounds it: its hidden state before that token is its own.
+    early = Sample("e", "g", samples[0].input_ids[:630], (0,) * 100 + (1,) * 530, None, 0.0)
+    assert shared_prefix_length(collate([*samples, early])) == 99
+    # Different first tokens: nothing is shared.
+    other = Sample("o", "g", (7, *samples[0].input_ids[1:]), samples[0].loss_mask, None, 0.0)
+    assert shared_prefix_length(collate([samples[0], other])) == 0
+
+
+def test_a_shared_prefix_run_once_gives_the_full_forwards_logprobs_and_gradients(
+    tiny_model: Any,
+) -> None:
+    import rl.trainer
+
+    samples = agent_samples(rl.trainer.SHARED_PREFIX_MIN_TOKENS + 88)
+    batch = collate(samples)
+    shared = token_logprobs(tiny_model, batch)
+    shared.sum().backward()
+    grads = {k: p.grad.clone() for k, p in tiny_model.named_parameters() if p.grad is not None}
+    tiny_model.zero_grad(set_to_none=True)
+    # The same batch through the full forward (prefix sharing off).
+    old = rl.trainer.SHARED_PREFIX_MIN_TOKENS
+    try:
+        rl.trainer.SHARED_PREFIX_MIN_TOKENS = 10**9
+        full = token_logprobs(tiny_model, batch)
+    finally:
+        rl.trainer.SHARED_PREFIX_MIN_TOKENS = old
+    full.sum().backward()
+    expected = reference_logprobs(tiny_model, samples) * batch.loss_mask
+    assert torch.allclose(shared.detach(), expected, atol=1e-5)
+    assert float((shared - full).detach().abs().max()) < 1e-5
+    assert grads.keys() == {k for k, p in tiny_model.named_parameters() if p.grad is not None}
+    for k, p in tiny_model.named_parameters():
+        assert torch.allclose(grads[k], p.grad, atol=1e-5, rtol=1e-4), k
 
 
 def test_a_kept_optimizer_continues_in_the_next_training_run(
