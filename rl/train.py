@@ -183,6 +183,22 @@ def train(job: TrainJob, on_metrics: OnMetrics | None = None) -> Path:
     return _save(model, job.out, version, job.model, source, info, lines, kept)
 
 
+def _checked_samples(snapshot: Path, model: Path, out: Path) -> list[Any]:
+    """The snapshot's samples, once ``out`` is new and ``model`` a model folder (the veRL
+    backends' checks before a step)."""
+    if out.exists():
+        raise TrainError(f"--out {out} exists: checkpoints are never overwritten")
+    if not (model / "config.json").is_file():
+        raise TrainError(f"--model {model} is not a Hugging Face model folder (no config.json)")
+    try:
+        samples = read_samples(snapshot)
+    except (BatchError, FileNotFoundError) as e:
+        raise TrainError(str(e)) from None
+    if not samples:
+        raise TrainError(_no_samples(snapshot))
+    return samples
+
+
 def train_verl(
     snapshot: Path,
     model: Path | None,
@@ -207,16 +223,7 @@ def train_verl(
     out = out or (Path(cfg.out) if cfg.out else None)
     if model is None or out is None:
         raise TrainError("give --model and --out (or model.path=... and out=...)")
-    if out.exists():
-        raise TrainError(f"--out {out} exists: checkpoints are never overwritten")
-    if not (model / "config.json").is_file():
-        raise TrainError(f"--model {model} is not a Hugging Face model folder (no config.json)")
-    try:
-        samples = read_samples(snapshot)
-    except (BatchError, FileNotFoundError) as e:
-        raise TrainError(str(e)) from None
-    if not samples:
-        raise TrainError(_no_samples(snapshot))
+    samples = _checked_samples(snapshot, model, out)
 
     import torch.distributed as dist
 
@@ -271,16 +278,7 @@ def train_verl_ray(
     its checkpoint beside ``out`` (``OUT-verl``, ``trainer.default_local_dir``); its
     Hugging Face weights become the Forge checkpoint ``out``. On several nodes both folders
     must be on a path the driver shares with the workers."""
-    if out.exists():
-        raise TrainError(f"--out {out} exists: checkpoints are never overwritten")
-    if not (model / "config.json").is_file():
-        raise TrainError(f"--model {model} is not a Hugging Face model folder (no config.json)")
-    try:
-        samples = read_samples(snapshot)
-    except (BatchError, FileNotFoundError) as e:
-        raise TrainError(str(e)) from None
-    if not samples:
-        raise TrainError(_no_samples(snapshot))
+    samples = _checked_samples(snapshot, model, out)
 
     import ray
     from hydra.errors import HydraException
