@@ -122,12 +122,18 @@ def _embedded_step(samples: list[Any], model_dir: Path) -> tuple[dict[str, float
 
 
 def _assert_same_step(
-    out: Path, model_dir: Path, metrics: dict[str, Any], samples: list[Any]
-) -> None:
+    out: Path,
+    model_dir: Path,
+    metrics: dict[str, Any],
+    samples: list[Any],
+    grad_key: str = "grad_norm",
+) -> tuple[float, float]:
+    """veRL's step (``metrics``, weights in ``out``) is the embedded trainer's: the same
+    loss, gradient norm (``grad_key``) and weights; returns (moved, apart)."""
     embedded, weights = _embedded_step(samples, model_dir)
     # The same PPO loss and gradient as the embedded trainer's (ratio 1 at the start).
     assert metrics["actor/pg_loss"] == pytest.approx(embedded["loss/pg"], abs=1e-5)
-    assert metrics["grad_norm"] == pytest.approx(embedded["grad/norm"], rel=1e-4)
+    assert metrics[grad_key] == pytest.approx(embedded["grad/norm"], rel=1e-4)
     # The same optimizer step: AdamW moved every weight by up to lr (1e-2); both trainers
     # land on the same weights to well within that.
     before = trainer.load_policy(model_dir).state_dict()
@@ -136,6 +142,7 @@ def _assert_same_step(
     moved = max(float((after[k] - before[k]).abs().max()) for k in after)
     apart = max(float((after[k] - weights[k]).abs().max()) for k in after)
     assert moved > 5e-3 and apart < 1e-3, (moved, apart)
+    return moved, apart
 
 
 @pytest.fixture
