@@ -38,7 +38,7 @@ from typing import Any
 from bench import results
 
 OUT_DIR = results.BENCH_DIR / "out" / "policy-servers"
-REPLY = '<tool_call>{"name":"shell","arguments":{"command": "echo hi >TARGET"}}</tool_call>'
+REPLY = '<tool_call>{"name":"shell","arguments":{"command": "echo hi >out.txt"}}</tool_call>'
 
 
 def task_lines(n_tasks: int) -> str:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = work / "policy"
         build_tiny_model(model, seed=0)
-        script_reply(model, REPLY.replace("TARGET", "out.txt"))
+        script_reply(model, REPLY)
         tasks = parse_tasks(task_lines(args.tasks), "bench.jsonl")
         common: dict[str, Any] = {
             "harness": "toy",

@@ -165,8 +165,9 @@ class VLLMServer:
             self._post("/update_weight_version", {"new_version": str(version)})
         finally:
             self._post("/resume")
-        if self.weight_version() != str(version):
-            raise VLLMError(f"vLLM reports weight version {self.weight_version()}, not {version}")
+        reported = self.weight_version()
+        if reported != str(version):
+            raise VLLMError(f"vLLM reports weight version {reported}, not {version}")
         self.version = version
         seconds = time.monotonic() - started
         self.sync_seconds.append(seconds)
