@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -167,6 +167,30 @@ def read_group_stats(snapshot: str | Path) -> dict[str, float]:
             key = f"rollouts/dropped/{r['drop_reason']}"
             out[key] = out.get(key, 0.0) + 1.0
     return out
+
+
+def crop_to_reach(sample: Sample, reach: int) -> Sample:
+    """``sample`` without the tokens that no trained logit can see: those more than
+    ``reach`` positions before the position that predicts its first trained token.
+
+    For a model whose every layer attends ``window`` tokens (itself included), a hidden
+    state depends on the ``layers x (window - 1)`` tokens before it and no others
+    (``attention_reach``); rotary position embeddings depend on relative positions only,
+    so the logprobs of the cropped sample are the full one's, up to float rounding.
+    """
+    if reach < 0:
+        raise BatchError(f"reach must be >= 0, not {reach}")
+    first = next((i for i, m in enumerate(sample.loss_mask) if m), None)
+    start = 0 if first is None else max(0, first - 1 - reach)
+    if start == 0:
+        return sample
+    lp = sample.old_logprobs
+    return replace(
+        sample,
+        input_ids=sample.input_ids[start:],
+        loss_mask=sample.loss_mask[start:],
+        old_logprobs=None if lp is None else lp[start:],
+    )
 
 
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:

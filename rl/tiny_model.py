@@ -70,8 +70,12 @@ def qwen3_tokenizer_dir() -> Path:
     )
 
 
-def build_tiny_model(out: Path, seed: int = 0) -> Path:
-    """Write a seeded random tiny Qwen3 model and the Qwen3 tokenizer to ``out``."""
+def build_tiny_model(out: Path, seed: int = 0, sliding_window: int | None = None) -> Path:
+    """Write a seeded random tiny Qwen3 model and the Qwen3 tokenizer to ``out``.
+
+    ``sliding_window``: every layer attends to that many tokens back at most (Qwen3's
+    ``use_sliding_window``), as Mistral's and Gemma's local layers do; None, full attention.
+    """
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -79,7 +83,11 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     source = qwen3_tokenizer_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     torch.manual_seed(seed)
-    config = Qwen3Config(**TINY_CONFIG)
+    window: dict[str, Any] = {}
+    if sliding_window is not None:
+        window = {"use_sliding_window": True, "sliding_window": sliding_window}
+        window["max_window_layers"] = 0  # from layer 0 on: every layer slides
+    config = Qwen3Config(**TINY_CONFIG, **window)
     config.dtype = torch.float32
     # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 
 from pipeline.atomic import atomic_directory, fsync_file
 from rl import losses
-from rl.batches import Batch, Sample, collate, group_stats, split_micro_batches
+from rl.batches import (
+    Batch,
+    Sample,
+    collate,
+    crop_to_reach,
+    group_stats,
+    split_micro_batches,
+)
+from rl.window import attention_reach
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +282,11 @@ def train(
         raise ValueError("no samples to train on")
     # An HF model: torch types a Module's unknown attributes as Tensor | Module.
     check_vocabulary(samples, int(model.config.vocab_size))  # type: ignore[union-attr, arg-type]
+    reach = attention_reach(getattr(model, "config", None))
+    if reach is not None:
+        # A sliding-window model: tokens no trained logit can see are not run at all
+        # (Codex's 7.7k-token prompt becomes the last few hundred tokens before a reply).
+        samples = [crop_to_reach(s, reach) for s in samples]
     torch.manual_seed(settings.seed)
     pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
     if optimizer is None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from rl.window import attention_reach, visible_suffix
+
 
 class EngineError(ValueError):
     """A request the engine cannot run; the message says why (HTTP 400)."""
@@ -61,6 +63,8 @@ def logprobs_of(model: Any, prompt_ids: list[int], completion_ids: list[int]) ->
 
     Returns a float32 tensor of shape (len(completion_ids),).
     """
+    # A sliding-window model's logits do not depend on what lies beyond its reach.
+    prompt_ids = visible_suffix(prompt_ids, attention_reach(getattr(model, "config", None)))
     ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long)  # (1, T)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float()  # (T, V)
@@ -113,6 +117,8 @@ class Engine:
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.vocab_size = int(self.model.config.vocab_size)
+        # A sliding-window model runs only the prompt tokens its next logits depend on.
+        self.reach = attention_reach(self.model.config)
         self.version = version
         self._lock = threading.Lock()  # one generation or weight swap at a time
 
@@ -156,7 +162,8 @@ class Engine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # (1, T)
+        visible = visible_suffix(prompt_ids, self.reach)
+        ids = torch.tensor([visible], dtype=torch.long, device=self.device)  # (1, T)
         # Logits of the last position only: a harness prompt of 20k tokens would otherwise
         # materialise 20k x vocabulary floats (12 GB for Qwen3).
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)

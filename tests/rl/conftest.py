@@ -16,11 +16,21 @@ VOCAB = 48  # ids 0..47; 0 is the pad token
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Qwen3 (hidden 64) with a word-level tokenizer, saved as a HF folder."""
+    return _word_level_qwen3(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def window_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, every layer attending to the last 8 tokens (sliding-window attention)."""
+    window = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}
+    return _word_level_qwen3(tmp_path_factory.mktemp("models") / "window", **window)
+
+
+def _word_level_qwen3(out: Path, **extra: Any) -> Path:
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    out = tmp_path_factory.mktemp("models") / "tiny"
     vocab = {"<pad>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -36,6 +46,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         max_position_embeddings=256,
         tie_word_embeddings=True,
         pad_token_id=0,
+        **extra,
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)

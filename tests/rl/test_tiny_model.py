@@ -30,6 +30,19 @@ def test_the_tiny_model_is_qwen3_with_head_dim_64_and_qwens_chat_template(
     assert "<tool_call>" in template and "<think>" in template
 
 
+def test_a_sliding_window_tiny_model_sees_two_windows_back(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from rl.window import attention_reach
+
+    out = tmp_path / "window"
+    assert forge_main(["init-model", "--tiny", "--sliding-window", "64", "--out", str(out)]) == 0
+    config = AutoConfig.from_pretrained(out)
+    assert config.layer_types == ["sliding_attention", "sliding_attention"]
+    assert attention_reach(config) == 126
+    assert forge_main(["init-model", "--tiny", "--sliding-window", "1", "--out", str(out)]) == 2
+
+
 def test_a_reply_with_a_repeated_token_cannot_be_scripted(tiny_models: tuple[Path, Path]) -> None:
     with pytest.raises(ModelBuildError, match="cannot repeat a token"):
         script_reply(tiny_models[0], "ok ok ok")
