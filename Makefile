@@ -9,7 +9,7 @@ HARNESS_STAMP := .harnesses/node_modules/.forge-installed
 LITELLM_VENV := bench/.venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.forge-installed
 
-.PHONY: setup harnesses demo demo-rl test test-fast test-slow soak bench bench-setup lint schema-doc clean vllm-setup test-vllm bench-vllm gpu-check
+.PHONY: setup harnesses demo demo-rl transfer test test-fast test-slow soak bench bench-setup lint schema-doc clean vllm-setup test-vllm bench-vllm gpu-check
 
 setup: $(STAMP)
 
@@ -34,23 +34,29 @@ demo: setup
 
 # The learning demo: SFT on a sloppy expert's recorded runs, then GRPO rounds in serve
 # mode, for 3 seeds on CPU. Ends with `held-out success: sft=NN.N% sft+rl=NN.N% seeds=3`.
-# HARNESS=codex or HARNESS=claude runs the same recipe through that real CLI (its prompts
-# are long: 4 samples per forward pass).
+# HARNESS=codex or HARNESS=claude runs the same recipe through that real CLI.
 HARNESS ?= toy
 MODEL ?= tiny
 demo-rl: setup $(if $(filter toy,$(HARNESS)),,harnesses)
-	$(PY) -m rl.demo_rl --harness $(HARNESS) --model $(MODEL) $(if $(filter toy,$(HARNESS)),,--micro-batch-size 4)
+	$(PY) -m rl.demo_rl --harness $(HARNESS) --model $(MODEL)
+
+# The transfer gap: the demo's recipe in the toy harness, Codex CLI and Claude Code (the
+# same tiny model, a 64-token sliding window), each policy measured through all three;
+# the 3 x 3 table, the learning curves of each harness, the behaviour before and after RL
+# (data/transfer/results.md, results.json, learnability.png). About 80 minutes on 2 cores.
+transfer: setup harnesses
+	$(PY) -m rl.transfer
 
 # Every test: the fast suite, then the slow one (real harness CLIs, network namespaces).
 test: setup harnesses lint test-fast test-slow
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --durations=15
 
 # vLLM's tests run under `make test-vllm` (its own venv); LiteLLM's proxy is the
 # benchmark's baseline, checked here against its bench venv.
 test-slow: setup harnesses bench-setup
-	$(PY) -m pytest -m "slow and not vllm" -q
+	$(PY) -m pytest -m "slow and not vllm" -q --durations=25
 
 # Property-based fuzzing at full size (25,500 generated cases and a 100 MB stream), then
 # 20 rounds of SIGKILL under load, 48 clients, each round's accounting printed (2-4 min, then about 2 min).

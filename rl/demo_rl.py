@@ -1,15 +1,18 @@
-"""``make demo-rl``: a model trained inside the toy harness gets better at its tasks.
+"""``make demo-rl``: a model trained inside a harness gets better at its tasks there.
 
-The recipe, once per seed, on CPU:
+The harness is the toy one (``--harness toy``, the default), Codex CLI or Claude Code
+(``--harness codex|claude``, the pinned CLIs, unmodified). The recipe, once per seed, on CPU:
 
-1. expert: a scripted provider (``ExpertScript``) drives the ``toy`` harness through
+1. expert: a scripted provider (``ExpertScript``) drives the harness through
    ``forge rollout`` in record mode over the train tasks of ``data/tasks/demo-rl.jsonl``.
    It is a sloppy expert: it runs the task's script only ``--expert-accuracy`` of the
    time and otherwise reads it, dry-runs it or lists the directory, then says it is done
    (recorded once, shared by the seeds);
 2. SFT: a tiny Qwen3 built from a config (the real Qwen3 tokenizer, seeded weights) is
    trained on those recordings with ``forge train --sft``: it copies the expert's
-   habits, the bad ones too;
+   habits, the bad ones too. In a real harness its layers attend to the last 64 tokens
+   (``--sliding-window``): with full attention over Codex's 7.7k-token prompt it did not
+   learn the tool-call format;
 3. held-out success of the SFT policy: the held-out tasks, the policy served by
    ``forge serve-policy``'s engine, the harness in serve mode;
 4. RL: ``forge loop`` rounds (a sample of train tasks x a GRPO group, snapshot, one
@@ -18,8 +21,7 @@ The recipe, once per seed, on CPU:
 
 It ends with ``held-out success: sft=NN.N% sft+rl=NN.N% seeds=S`` (means over seeds)
 and writes ``results.json``, ``results.md`` and ``curve.png`` (mean reward by round)
-under ``--out``.
-"""
+under ``--out``."""
 
 from __future__ import annotations
 
@@ -128,6 +130,8 @@ class SeedResult:
     seconds: float = 0.0
     behaviour: dict[str, dict[str, float | None]] = field(default_factory=dict)
     """The held-out runs' behaviour (``sft``, ``rl``): BEHAVIOUR's rates and the counts."""
+    policies: dict[str, str] = field(default_factory=dict)
+    """The checkpoints measured (``sft``, ``rl``), relative to the demo's output folder."""
 
 
 def _say(message: str) -> None:
@@ -207,6 +211,29 @@ def success(summary: Any) -> float:
     return sum(1 for r in results if (r.reward or 0.0) > 0) / len(results) if results else 0.0
 
 
+def measure_heldout(
+    policy: Path, held: list[Any], run_dir: Path, harness: str, args: argparse.Namespace
+) -> float:
+    """Held-out success of ``policy`` served to ``harness``: each task once, in serve mode,
+    into ``run_dir``."""
+    from rl.loop import serve_and_run
+    from rl.trainer import read_policy_version
+
+    summary = serve_and_run(
+        policy,
+        read_policy_version(policy),
+        held,
+        run_dir,
+        harness=harness,
+        n=1,
+        parallel=args.parallel,
+        serve_max_tokens=args.serve_max_tokens,
+        confdir=args.confdir,
+        progress=False,
+    )
+    return success(summary)
+
+
 def pretrained_model(out: Path) -> Path:
     """SmolLM2-135M-Instruct under ``out/smollm2``, built on first use."""
     from rl.gguf_model import build_from_gguf, smollm2_gguf
@@ -219,18 +246,18 @@ def pretrained_model(out: Path) -> Path:
 
 
 def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any]) -> SeedResult:
-    from rl.loop import LoopConfig, run_loop, serve_and_run
+    from rl.loop import LoopConfig, run_loop
     from rl.losses import LossSettings
     from rl.tiny_model import build_tiny_model
     from rl.train import TrainJob, train
-    from rl.trainer import TrainSettings, read_policy_version
+    from rl.trainer import TrainSettings
 
     started = time.monotonic()
     root = args.out / f"seed-{seed}"
     init, sft = root / "init", root / "sft"
     root.mkdir(parents=True, exist_ok=True)
     if args.model == "tiny":
-        build_tiny_model(init, seed=seed)
+        build_tiny_model(init, seed=seed, sliding_window=args.sliding_window)
     else:  # the pretrained weights, the same for every seed (SFT and RL are seeded)
         init = pretrained_model(args.out)
     sft_settings = TrainSettings(
@@ -251,19 +278,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         )
 
     def held_out(policy: Path, name: str) -> float:
-        summary = serve_and_run(
-            policy,
-            read_policy_version(policy),
-            held,
-            root / name,
-            harness=args.harness,
-            n=1,
-            parallel=args.parallel,
-            serve_max_tokens=args.serve_max_tokens,
-            confdir=args.confdir,
-            progress=False,
-        )
-        rate = success(summary)
+        rate = measure_heldout(policy, held, root / name, args.harness, args)
         _say(f"seed {seed}: {policy.name} solves {100 * rate:.1f}% of {len(held)} held-out tasks")
         return rate
 
@@ -300,6 +315,7 @@ def run_seed(seed: int, args: argparse.Namespace, expert: Path, held: list[Any])
         [r.mean_reward for r in state.rounds],
         time.monotonic() - started,
         {"sft": behaviour(root / "heldout-sft"), "rl": behaviour(root / "heldout-rl")},
+        {"sft": str(sft.relative_to(args.out)), "rl": str(final.relative_to(args.out))},
     )
 
 
@@ -397,7 +413,8 @@ def _require_harness_cli(harness: str) -> None:
         raise SystemExit(f"forge demo-rl: {harness} is not installed (make harnesses installs it)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The demo's options (``python -m rl.demo_rl --help``)."""
     p = argparse.ArgumentParser(
         prog="python -m rl.demo_rl", description=__doc__.splitlines()[0] if __doc__ else None
     )
@@ -435,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         "fresh AdamW each round)",
     )
     p.add_argument("--parallel", type=int, default=None, help="(tiny: 6)")
+    p.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        help="the tiny model attends this many tokens back at most (default: full attention "
+        "in the toy harness, 64 in a real one)",
+    )
     p.add_argument("--serve-max-tokens", type=int, default=48)
     p.add_argument("--heldout", type=int, default=None, help="held-out tasks used (tiny: all 60)")
     p.add_argument("--confdir", type=Path, default=None, help="mitmproxy CA directory")
@@ -445,27 +469,47 @@ def main(argv: list[str] | None = None) -> int:
         help="samples per forward/backward (default: the model's recipe; fewer for a "
         "harness with long prompts)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def complete_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the model's and the harness's defaults filled in and checked."""
     for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.model != "tiny" and args.sliding_window is not None:
+        p.error("--sliding-window shapes the tiny model only")
+    if args.model == "tiny" and args.sliding_window is None and args.harness != "toy":
+        args.sliding_window = 64
     if args.seeds < 1 or args.rounds < 1:
         p.error("--seeds and --rounds must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="forge demo-rl: %(message)s")
+    name = args.harness if args.model == "tiny" else f"{args.harness}-{args.model}"
+    args.out = (args.out or Path("data/demo-rl") / name).resolve()
+    args.tasks = args.tasks.resolve()
+    return args
+
+
+def heldout_tasks(args: argparse.Namespace) -> list[Any]:
+    """The held-out tasks the demo measures (``--heldout`` of them, in file order)."""
+    from k8s_jobs.tasks import load_tasks
+    from rl.loop import select_split
+
+    held = select_split(load_tasks(args.tasks), "heldout")
+    return held[: args.heldout] if args.heldout else held
+
+
+def run(args: argparse.Namespace) -> list[SeedResult]:
+    """The whole recipe for every seed into ``args.out`` (replaced); writes the report."""
     from k8s_jobs.tasks import load_tasks
     from rl.loop import select_split
 
     started = time.monotonic()
-    name = args.harness if args.model == "tiny" else f"{args.harness}-{args.model}"
-    args.out = (args.out or Path("data/demo-rl") / name).resolve()
     if args.harness != "toy":
         _require_harness_cli(args.harness)
-    args.tasks = args.tasks.resolve()
     if args.out.exists():
         shutil.rmtree(args.out)
-    tasks = load_tasks(args.tasks)
-    train, held = select_split(tasks, "train"), select_split(tasks, "heldout")
-    held = held[: args.heldout] if args.heldout else held
+    train = select_split(load_tasks(args.tasks), "train")
+    held = heldout_tasks(args)
     chats = record_expert(
         train[: args.expert_tasks],
         args.out,
@@ -480,7 +524,15 @@ def main(argv: list[str] | None = None) -> int:
     line = report(results, args.out, args, wall)
     print((args.out / "results.md").read_text())
     print(f"forge demo-rl: {wall / 60:.1f} min; results in {args.out}")
-    print(line)
+    print(line, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = complete_args(p, p.parse_args(argv))
+    logging.basicConfig(level=logging.INFO, format="forge demo-rl: %(message)s")
+    run(args)
     return 0
 
 
