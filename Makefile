@@ -43,7 +43,7 @@ demo-rl: setup $(if $(filter toy,$(HARNESS)),,harnesses)
 # The transfer gap: the demo's recipe in the toy harness, Codex CLI and Claude Code (the
 # same tiny model, a 64-token sliding window), each policy measured through all three;
 # the 3 x 3 table, the learning curves of each harness, the behaviour before and after RL
-# (data/transfer/results.md, results.json, learnability.png). About 80 minutes on 2 cores.
+# (data/transfer/results.md, results.json, learnability.png). About 90 minutes on 2 cores.
 transfer: setup harnesses
 	$(PY) -m rl.transfer
 

@@ -1,5 +1,7 @@
-"""``make transfer``: does a policy trained in one harness work in another, and which
-harness is easiest to learn?
+"""``make transfer``: policies trained in one harness, measured in every harness.
+
+Does a policy trained in one harness work in another, and which harness is easiest to
+learn?
 
 For each harness A of ``--harnesses`` (default toy, codex, claude), the learning demo's
 recipe (``rl.demo_rl``) runs in A: a sloppy expert recorded through A, SFT on its chats,
@@ -183,10 +185,12 @@ def plot_learnability(trained: dict[str, Trained], path: Path) -> bool:
         mean = mean_curve(t)
         xs = [i for i, m in enumerate(mean) if m is not None]
         ax.plot(xs, [m for m in mean if m is not None], color=colour, marker="o", label=h)
+    rounds = max(len(mean_curve(t)) for t in trained.values())
+    ax.set_xticks(range(rounds))
     ax.set_xlabel("RL round")
     ax.set_ylabel("mean reward (train tasks)")
     ax.set_ylim(0, 1)
-    ax.set_title("The same recipe in each harness (mean of seeds; seeds faint)")
+    ax.set_title("One recipe in each harness (mean of seeds; seeds faint)", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -249,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("data/transfer"))
     p.add_argument("--reuse", action="store_true", help="keep finished demos with equal settings")
-    p.add_argument("--model", choices=sorted(demo_rl.MODEL_DEFAULTS), default="tiny")
+    p.add_argument(
+        "--model",
+        choices=sorted(demo_rl.MODEL_DEFAULTS),
+        default="tiny",
+        help="the policy (the recipe options below default to the demo's for it)",
+    )
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--expert-accuracy", type=float, default=0.35)
     p.add_argument("--expert-tasks", type=int, default=None)
@@ -265,13 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sliding-window",
         type=int,
-        default=64,
+        default=None,
         help="the tiny model's attention window in every harness (default 64)",
     )
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--parallel", type=int, default=None)
     p.add_argument("--confdir", type=Path, default=None, help="mitmproxy CA directory")
     args = p.parse_args(argv)
+    if args.model == "tiny" and args.sliding_window is None:
+        args.sliding_window = 64  # one model for every harness: the real harnesses' default
     harnesses = [h.strip() for h in args.harnesses.split(",") if h.strip()]
     unknown = [h for h in harnesses if h not in HARNESSES]
     if unknown or not harnesses or len(set(harnesses)) != len(harnesses):

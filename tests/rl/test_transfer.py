@@ -60,3 +60,55 @@ def test_bad_harness_lists_are_refused_in_one_line(capsys: pytest.CaptureFixture
             transfer.main(["--harnesses", bad, "--out", "/tmp/never"])
         assert stop.value.code == 2
         assert "--harnesses takes distinct names of toy, codex, claude" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_transfer_measures_each_harness_policies_through_the_other_and_reuses_finished_demos(
+    tmp_path: Path, confdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The toy harness and the real Codex CLI at the smallest size: both demos run, each
+    seed's SFT and SFT+RL checkpoints are measured through the other harness, and a second
+    run with --reuse trains nothing and measures nothing again."""
+    import json
+
+    from pipeline.store import connect
+    from tests.support import harnesses
+
+    reason = harnesses.unavailable_reason("codex")
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "transfer"
+    argv = [
+        "--harnesses", "toy,codex", "--out", str(out), "--seeds", "1", "--expert-tasks", "4",
+        "--sft-epochs", "1", "--rounds", "1", "--tasks-per-round", "1", "-n", "2",
+        "--heldout", "2", "--parallel", "2", "--confdir", str(confdir),
+    ]  # fmt: skip
+    assert transfer.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["transfer"]) == {"toy", "codex"}
+    for a in ("toy", "codex"):
+        demo = json.loads((out / a / "results.json").read_text())
+        assert demo["settings"]["sliding_window"] == 64  # one model in every harness
+        (seed,) = demo["seeds"]
+        # The harness it was trained in: the demo's own figures.
+        assert results["transfer"][a][a] == {"sft": [seed["sft"]], "rl": [seed["rl"]]}
+        b = "codex" if a == "toy" else "toy"
+        for stage in ("sft", "rl"):
+            run = connect(out / a / "seed-0" / f"in-{b}-{stage}", stitched=True)
+            ((harness, n, rate),) = run.execute(
+                "SELECT harness, count(*), avg((coalesce(reward, 0) > 0)::INT) "
+                "FROM trajectories GROUP BY 1"
+            ).fetchall()
+            assert (harness, n) == (b, 2)
+            assert results["transfer"][a][b][stage] == [rate]
+    assert results["curves"]["codex"] == [demo["seeds"][0]["curve"]]
+    assert (out / "learnability.png").stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert md.startswith(table(results["transfer"], ["toy", "codex"]))
+    capsys.readouterr()
+    before = (out / "codex" / "results.json").stat().st_mtime_ns
+    assert transfer.main([*argv, "--reuse"]) == 0
+    assert (out / "codex" / "results.json").stat().st_mtime_ns == before
+    assert "codex: reusing" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text())["transfer"] == results["transfer"]
