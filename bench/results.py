@@ -36,6 +36,7 @@ REQUIRED_FIGURES: dict[str, str] = {
     "proxy.latency_ratio_vs_litellm": "bench.bench_proxy has not run",
     "proxy.throughput_ratio_vs_litellm_c64": "bench.bench_proxy has not run",
     "storage.ratio_vs_raw_100turn": "bench.bench_storage has not run (100 turns)",
+    "storage.gui_ratio_vs_raw": "bench.bench_gui_storage has not run",
     "pipeline.stitch_ratio_vs_scan_1m": "bench.bench_pipeline has not run at 1,000,000 calls",
     "rollouts.per_minute": "bench.bench_rollouts has not run",
 }

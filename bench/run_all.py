@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    bench_gui_storage,
     bench_pipeline,
     bench_proxy,
     bench_rollouts,
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
         *(f"--skip={name}" for name in a.proxy_skip),
     ],
     "storage": lambda a: ["--turns", a.turns, "--seed", str(a.seed)],
+    "gui_storage": lambda a: [],  # the size: 50 steps re-sending the last 5
     # the size: 32 toy rollouts at parallelism 8 (quick: 8 at 4)
     "rollouts": lambda a: [] if a.quick else ["--tasks", "8", "-n", "4", "--parallel", "8"],
     "pipeline": lambda a: [
@@ -51,6 +53,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
 _MAINS: dict[str, Callable[[list[str]], int]] = {
     "proxy": bench_proxy.main,
     "storage": bench_storage.main,
+    "gui_storage": bench_gui_storage.main,
     "pipeline": bench_pipeline.main,
     "rollouts": bench_rollouts.main,
     "serve": bench_serve.main,

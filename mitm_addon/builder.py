@@ -106,6 +106,7 @@ class Report:
 class _Buffer:
     calls: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    images: list[dict[str, Any]] = field(default_factory=list)
     bytes: int = 0
     since: float | None = None
 
@@ -118,7 +119,7 @@ class Builder:
         self.report = Report()
         self.last_error: str | None = None
         self.calls_written = 0
-        self._seen: set[str] = set()  # message hashes already stored
+        self._seen: set[str] = set()  # message and image hashes already stored
         self._call_ids: set[str] = set()
         self._responses: dict[str, str] = {}  # response_id -> the head it continues from
         self._begun: dict[str, dict[str, Any]] = {}  # BEGIN headers of calls not ended yet
@@ -134,7 +135,11 @@ class Builder:
         """What earlier runs stored: the calls and messages not to store twice."""
         _warm_arrow()
         root = self.settings.root
-        self._seen = {r["hash"] for r in read_column_values(root, "messages", ["hash"])}
+        self._seen = {
+            r["hash"]
+            for table in ("messages", "images")
+            for r in read_column_values(root, table, ["hash"])
+        }
         for r in read_column_values(
             root, "calls", ["call_id", "response_id", "request_head_hash", "response_head_hash"]
         ):
@@ -246,6 +251,10 @@ class Builder:
             if m["hash"] not in self._seen:
                 self._seen.add(m["hash"])
                 b.messages.append(m)
+        for image in rows.images:
+            if image["hash"] not in self._seen:
+                self._seen.add(image["hash"])
+                b.images.append(image)
         self._remember_response(rows.call)
         full = len(b.calls) >= s.rotate_rows or b.bytes >= s.rotate_bytes
         if full and time.monotonic() >= self._retry_at:
@@ -277,6 +286,8 @@ class Builder:
         name = f"{self.settings.run_id}-{self._shard_seq + 1:06d}"
         root = self.settings.root
         try:
+            if b.images:  # before the items that refer to them
+                write_shard(root, "images", name, b.images)
             if b.messages:
                 write_shard(root, "messages", name, b.messages)
             if b.calls:
@@ -303,6 +314,7 @@ class Builder:
             log.error("forge: %s; those calls stay in the WAL", self.last_error)
             b.calls = _encodable(b.calls, "calls")
             b.messages = _encodable(b.messages, "messages")
+            b.images = _encodable(b.images, "images")
             self._endpoints.update(endpoints)
             self._keep_segments = True
             return False
@@ -313,7 +325,7 @@ class Builder:
             log.error("forge: %s (calls are kept in the WAL and retried)", self.last_error)
             self._retry_at = time.monotonic() + _RETRY_S
             return False
-        if b.messages or b.calls or endpoints:
+        if b.images or b.messages or b.calls or endpoints:
             self._shard_seq += 1
         self.calls_written += len(b.calls)
         self._buffer = _Buffer()

@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,7 +25,9 @@ from mitm_addon.bodies import BodyError, decode_body
 from mitm_addon.capture import Capture
 from mitm_addon.protocols import find_adapter, openai_responses
 from mitm_addon.protocols.base import ParsedRequest, ParsedResponse, ParseError
+from pipeline.actions import gui_actions
 from pipeline.canonical import REF_KEY, REF_MIN_BYTES, canonical_json, chain_hashes, item_hash
+from pipeline.images import Image, extract_images, image_refs
 
 # Request headers that identify harness sessions and agents -> calls column.
 HARNESS_HEADERS = {
@@ -94,6 +96,32 @@ def loads(data: bytes | str) -> Any:
 class Rows:
     call: dict[str, Any]
     messages: list[dict[str, Any]]
+    images: list[dict[str, Any]] = field(default_factory=list)
+
+
+def image_row(image: Image, call_id: str) -> dict[str, Any]:
+    """One ``images`` row (grain: hash)."""
+    size = image.size
+    return {
+        "hash": image.hash,
+        "media_type": image.media_type,
+        "bytes": len(image.data),
+        "width": size[0] if size else None,
+        "height": size[1] if size else None,
+        "data": image.data,
+        "first_call_id": call_id,
+    }
+
+
+def take_images(items: list[Any]) -> tuple[list[Any], list[Image]]:
+    """Items with their inline images replaced by references (``pipeline.images``), and
+    the images, one per occurrence."""
+    out, images = [], []
+    for item in items:
+        stored, found = extract_images(item)
+        out.append(stored)
+        images += found
+    return out, images
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -288,18 +316,23 @@ def _build_rows(
     estimate_tokens: Callable[[str], int] | None,
 ) -> Rows:
     messages: list[dict[str, Any]] = []
+    images: list[Image] = []
     errors: list[str] = []
     api = row["api"] = api_of(capture)
     request: ParsedRequest | None = None
     head: str | None = None
     try:
         request = parse_request_body(capture)
-        request_rows, head = _request_rows(capture.call_id, request, previous_response_head)
+        stored_items, images = take_images(request.items)
+        request_rows, head = _request_rows(
+            capture.call_id, request, stored_items, previous_response_head
+        )
         messages += request_rows
         params_hash = request_rows[0]["hash"] if request_rows else None
         row.update(request_columns(request, params_hash, head))
+        row["request_images"] = image_refs(stored_items) or None
     except _BAD_INPUT as e:
-        request, head = None, None
+        request, head, images = None, None, []
         errors.append(f"request: {e}")
 
     response: ParsedResponse | None = None
@@ -309,14 +342,16 @@ def _build_rows(
             response, events = parse_response_body(capture, api, limit)
             if events is not None:
                 row["stream_events"] = events
-            out_rows = chain_hashes(response.output_items, head)
+            output_items, output_images = take_images(response.output_items)
+            out_rows = chain_hashes(output_items, head)
             response_json = (
                 canonical_json(response.response) if response.response is not None else None
             )
             messages += [
                 message_row(h, p, c, item, capture.call_id, "item")
-                for (h, p, c), item in zip(out_rows, response.output_items, strict=True)
+                for (h, p, c), item in zip(out_rows, output_items, strict=True)
             ]
+            images += output_images
             response_head = out_rows[-1][0] if out_rows else None
             row.update(response_columns(response, response_head, response_json))
         except _BAD_INPUT as e:
@@ -329,7 +364,12 @@ def _build_rows(
     row.update(usage_columns(capture, request, response, estimate_tokens))
     row["status"], row["error"] = call_status(capture, response, response_error)
     row["parse_error"] = "; ".join(errors) or None
-    return Rows(call=_utf8_safe(row), messages=messages)
+    unique = {image.hash: image for image in images}
+    return Rows(
+        call=_utf8_safe(row),
+        messages=messages,
+        images=[image_row(image, capture.call_id) for image in unique.values()],
+    )
 
 
 def request_columns(
@@ -366,6 +406,7 @@ def response_columns(
         "response_json": response_json,
         "stop_reason": response.stop_reason,
         "tool_calls": response.tool_calls,
+        "actions": gui_actions(response.output_items) or None,
     }
 
 
@@ -443,9 +484,13 @@ def _utf8_safe(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_rows(
-    call_id: str, request: ParsedRequest, previous_response_head: Callable[[str], str | None]
+    call_id: str,
+    request: ParsedRequest,
+    items: list[Any],
+    previous_response_head: Callable[[str], str | None],
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """(messages rows, params row first; the chain's head hash) of a parsed request."""
+    """(messages rows, params row first; the chain's head hash) of a parsed request whose
+    items, as stored, are ``items``."""
     params, parts = split_params(request.params)
     params_canonical = canonical_json(params)
     rows = [
@@ -459,10 +504,10 @@ def _request_rows(
         if request.previous_response_id
         else None
     )
-    chain = chain_hashes(request.items, parent)
+    chain = chain_hashes(items, parent)
     rows += [
         message_row(h, p, c, item, call_id, "item")
-        for (h, p, c), item in zip(chain, request.items, strict=True)
+        for (h, p, c), item in zip(chain, items, strict=True)
     ]
     return rows, (chain[-1][0] if chain else parent)
 

@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 
 from pipeline.canonical import resolve_refs
+from pipeline.images import restore_images
 from pipeline.store import sql_text
 
 
@@ -29,6 +30,21 @@ def load_items(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str | None, st
             "SELECT hash, parent_hash, content_json FROM messages"
         ).fetchall()
     }
+
+
+def image_lookup(con: duckdb.DuckDBPyConnection) -> Any:
+    """``lookup(hash) -> raw bytes`` over the stored ``images`` rows."""
+
+    def lookup(h: str) -> bytes:
+        row = con.execute(_IMAGE_DATA, [h]).fetchone()
+        if row is None:
+            raise MissingRow(f"no images row {h!r}")
+        return bytes(row[0])
+
+    return lookup
+
+
+_IMAGE_DATA = "SELECT any_value(data) FROM images WHERE hash = ? HAVING count(*) > 0"
 
 
 def walk_back(items: dict[str, tuple[str | None, str]], head: str | None, n: int) -> list[Any]:
@@ -61,7 +77,7 @@ def reconstruct_request(
     body: dict[str, Any] = resolve_refs(
         json.loads(items[params_hash][1]), lambda h: _content(items, h)
     )
-    chain = walk_back(items, head, n or 0)
+    chain = restore_images(walk_back(items, head, n or 0), image_lookup(con))
     if form == "string":
         body[list_key] = chain[0]
     elif form == "list":

@@ -148,6 +148,12 @@ CALLS = pa.schema(
             "Request headers, secrets removed.",
         ),
         _f("previous_response_id", pa.string(), "Responses API previous_response_id."),
+        _f(
+            "request_images",
+            pa.list_(pa.string()),
+            "Images the request's items carry, in order: an images row's hash for each "
+            "inline image, the URL for each linked one.",
+        ),
         _f("tools", pa.list_(pa.string()), "Names of the tools the request offered."),
         _f(
             "prewarm",
@@ -179,6 +185,12 @@ CALLS = pa.schema(
         ),
         _f("stop_reason", pa.string(), "stop_reason / finish_reason / status of the response."),
         _f("tool_calls", pa.list_(pa.string()), "Names of the tools the response called."),
+        _f(
+            "actions",
+            pa.list_(pa.string()),
+            "GUI actions the response took (click, type, key, scroll, navigate, ...; see "
+            "pipeline.actions), from computer-use calls and browser tools.",
+        ),
         _f("stream_events", pa.int32(), "SSE events or WebSocket messages received."),
         # Serve mode (token ids; null in record mode).
         _f(
@@ -235,6 +247,20 @@ MESSAGES = pa.schema(
         ),
         _f("content_json", pa.string(), "Canonical JSON of the item."),
         _f("content_bytes", pa.int64(), "Bytes of content_json."),
+        _f("first_call_id", pa.string(), "The call that first stored this row."),
+    ]
+)
+
+# Inline images taken out of conversation items (see pipeline.images), each stored
+# once however many calls re-send it. Grain: hash (written once per run directory).
+IMAGES = pa.schema(
+    [
+        _f("hash", pa.string(), "i1 hash over the raw bytes (see pipeline.images).", False),
+        _f("media_type", pa.string(), "MIME type the first call that sent it gave."),
+        _f("bytes", pa.int64(), "Size of the raw image."),
+        _f("width", pa.int32(), "Width in pixels, read from its header (PNG, GIF, JPEG, WebP)."),
+        _f("height", pa.int32(), "Height in pixels."),
+        _f("data", pa.binary(), "The raw image."),
         _f("first_call_id", pa.string(), "The call that first stored this row."),
     ]
 )
@@ -304,6 +330,7 @@ REWARDS = pa.schema(
 TABLES: dict[str, pa.Schema] = {
     "calls": CALLS,
     "messages": MESSAGES,
+    "images": IMAGES,
     "endpoints": ENDPOINTS,
     "rollouts": ROLLOUTS,
     "rewards": REWARDS,

@@ -7,6 +7,7 @@ content-addressed `messages` rows for each call's conversation.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from collections.abc import Sequence
@@ -17,8 +18,9 @@ import duckdb
 import pyarrow as pa
 
 from forge_cli.view.conversation import new_items, split_conversation
-from forge_cli.view.model import CallView, Message, RolloutView
+from forge_cli.view.model import CallView, Message, RolloutView, Shot
 from pipeline.canonical import resolve_refs
+from pipeline.images import image_refs
 
 __all__ = ["MissingRow", "list_rollouts", "load_calls", "load_rollouts", "load_summaries"]
 
@@ -72,7 +74,7 @@ SELECT
     coalesce(c.model, c.response_model), c.api, c.status, c.error, c.started_at, c.duration_ms,
     c.ttfb_ms, c.input_tokens, c.output_tokens, c.cache_read_tokens, c.cache_write_tokens,
     c.usage_estimated, c.drift, c.policy_version, c.stop_reason, c.tools, c.tool_calls,
-    c.request_params_hash, c.request_head_hash, c.response_head_hash, c.response_items
+    c.actions, c.request_params_hash, c.request_head_hash, c.response_head_hash, c.response_items
 FROM call_nodes AS n
 JOIN calls AS c USING (call_id)
 LEFT JOIN edges AS e ON e.child_call_id = n.call_id
@@ -92,8 +94,46 @@ GROUP BY hash
 """
 
 
+_IMAGE = """
+SELECT any_value(media_type), any_value(width), any_value(height), any_value(data)
+FROM images
+WHERE hash = ?
+HAVING count(*) > 0
+"""
+
+
 class MissingRow(LookupError):
     """A hash a call points at has no `messages` row."""
+
+
+class _Shots:
+    """Each image of a rollout's calls, embedded (a data: URL) at its first appearance
+    on the page and named at every later one, so a page holds each screenshot once."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.shown: dict[tuple[str, str], str] = {}  # (rollout, ref) -> the call showing it
+
+    def of(self, rollout_id: str, call_id: str, items: list[Any]) -> list[Shot]:
+        out = []
+        for ref in image_refs(items):
+            first = self.shown.get((rollout_id, ref))
+            if first is not None:
+                out.append(Shot(ref, first_call=first))
+                continue
+            self.shown[(rollout_id, ref)] = call_id
+            if not ref.startswith("i1:"):  # a linked image: the page loads nothing
+                out.append(Shot(ref))
+                continue
+            row = self.con.execute(_IMAGE, [ref]).fetchone()
+            if row is None:
+                out.append(Shot(ref))  # its images row is missing: named, not shown
+                continue
+            media, width, height, data = row
+            media = media if isinstance(media, str) and media.startswith("image/") else "image/png"
+            src = f"data:{media};base64,{base64.b64encode(bytes(data)).decode('ascii')}"
+            out.append(Shot(ref, src=src, media_type=media, width=width, height=height))
+        return out
 
 
 class _Items:
@@ -144,7 +184,7 @@ _CALL_FIELDS = (
     "is_side_call", "is_prewarm", "model", "api", "status", "error", "started_at",
     "duration_ms", "ttfb_ms", "input_tokens", "output_tokens", "cache_read_tokens",
     "cache_write_tokens", "usage_estimated", "drift", "policy_version", "stop_reason",
-    "tools", "tool_calls",
+    "tools", "tool_calls", "actions",
 )  # fmt: skip
 
 
@@ -152,13 +192,15 @@ class _Conversations:
     """Builds each call's view in call order, remembering each call's whole conversation
     (messages, and the hash of its last item) for the calls that hang from it."""
 
-    def __init__(self, items: _Items) -> None:
+    def __init__(self, items: _Items, shots: _Shots) -> None:
         self.items = items
+        self.shots = shots
         self.full: dict[str, list[Message]] = {}
         self.heads: dict[str, str | None] = {}
         self.lengths: dict[str, int] = {}  # items in the call's request + response
 
     def call(self, row: Sequence[Any]) -> CallView:
+        rollout_id = row[0]
         fields = dict(zip(_CALL_FIELDS, row[1 : 1 + len(_CALL_FIELDS)], strict=True))
         params_hash, request_head, response_head, n_response = row[1 + len(_CALL_FIELDS) :]
         call_id, parent = fields["call_id"], fields["parent_call_id"]
@@ -178,17 +220,19 @@ class _Conversations:
         )
         self.full[call_id] = split.full
         self.lengths[call_id] = len(request_chain) + len(response_chain)
+        raw_request = new_items(
+            request_chain,
+            self.heads.get(parent) if parent else None,
+            self.lengths.get(parent, 0) if parent and split.earlier else 0,
+        )
         return CallView(
             **fields,
             earlier_messages=split.earlier,
             request=split.request,
             response=split.response,
-            raw_request=new_items(
-                request_chain,
-                self.heads.get(parent) if parent else None,
-                self.lengths.get(parent, 0) if parent and split.earlier else 0,
-            ),
+            raw_request=raw_request,
             raw_response=response_items,
+            shots=self.shots.of(rollout_id, call_id, raw_request + response_items),
             note=split.note,
         )
 
@@ -232,7 +276,7 @@ def load_calls(
     _register(con, rollout_ids)
     _narrow(con, _WANTED)
     out: dict[str, list[CallView]] = {}
-    conversations = _Conversations(_Items(con))
+    conversations = _Conversations(_Items(con), _Shots(con))
     for row in con.execute(_CALLS).fetchall():
         out.setdefault(row[0], []).append(conversations.call(row))
     return out

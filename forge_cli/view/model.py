@@ -12,6 +12,18 @@ Message = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Shot:
+    """An image a call's new items carry: shown where it first appears on the page."""
+
+    ref: str  # an images row's hash, or the URL of a linked image
+    src: str | None = None  # a data: URL, at the image's first appearance on the page
+    first_call: str | None = None  # the call that showed it first, for a repeat
+    media_type: str | None = None
+    width: int | None = None
+    height: int | None = None
+
+
+@dataclass(frozen=True)
 class CallView:
     """One call of a rollout: its place in the tree, its numbers and its new messages."""
 
@@ -40,11 +52,13 @@ class CallView:
     stop_reason: str | None
     tools: list[str] | None  # tools the request offered
     tool_calls: list[str] | None  # tools the response called
+    actions: list[str] | None  # GUI actions the response took (pipeline.actions)
     earlier_messages: int = 0  # leading messages already shown in the parent call
     request: list[Message] = field(default_factory=list)  # messages new in this request
     response: list[Message] = field(default_factory=list)
     raw_request: list[Any] = field(default_factory=list)  # the same, as recorded items
     raw_response: list[Any] = field(default_factory=list)
+    shots: list[Shot] = field(default_factory=list)  # images in the new items, in order
     note: str | None = None  # why the conversation is missing or shown raw
 
 

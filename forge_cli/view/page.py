@@ -147,6 +147,11 @@ def _head(c: CallView, advantage: float | None) -> str:
     parts += [f'<span class="label">{_e(x)}</span>' for x in labels]
     if c.tool_calls:
         parts.append(f'<span class="tools">→ {_e(", ".join(c.tool_calls))}</span>')
+    if c.actions:
+        parts.append(f'<span class="actions">GUI: {_e(", ".join(c.actions))}</span>')
+    shown = sum(1 for s in c.shots if s.src)
+    if shown:
+        parts.append(f'<span class="label">{shown} image{"s" if shown > 1 else ""}</span>')
     return " ".join(parts)
 
 
@@ -193,11 +198,41 @@ def _meta(c: CallView, advantage: float | None, t0: datetime | None) -> str:
         ("stop reason", _e(c.stop_reason)),
         ("tools offered", _e(", ".join(c.tools or []))),
         ("tools called", _e(", ".join(c.tool_calls or []))),
+        ("GUI actions", _e(", ".join(c.actions or []))),
     ]
     if c.error:
         rows.append(("error", f'<pre class="text error">{_e(c.error)}</pre>'))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="meta">{body}</table>'
+
+
+def _short(ref: str) -> str:
+    return ref[:15] + "…" if ref.startswith("i1:") else ref
+
+
+def _shots(c: CallView) -> str:
+    """The images the call's new items carry: each shown at its first appearance on the
+    page (a data: URL, the only images the page's policy allows), named after that."""
+    parts = ['<div class="shots"><h4>images</h4>']
+    for s in c.shots:
+        if s.src is not None:
+            size = f" {s.width}×{s.height}" if s.width and s.height else ""
+            parts.append(
+                f'<figure class="shot"><img src="{_e(s.src)}" alt="image {_e(s.ref)}" '
+                f'data-ref="{_e(s.ref)}"><figcaption><code>{_e(_short(s.ref))}</code>'
+                f"{_e(size)}</figcaption></figure>"
+            )
+        elif s.first_call is not None:
+            parts.append(
+                f'<span class="shot-ref"><code>{_e(_short(s.ref))}</code> again '
+                f"(shown at call <code>{_e(s.first_call)}</code>)</span>"
+            )
+        elif s.ref.startswith("i1:"):
+            parts.append(f'<span class="shot-ref"><code>{_e(s.ref)}</code> (not stored)</span>')
+        else:
+            parts.append(f'<span class="shot-ref">linked, not loaded: {_e(s.ref)}</span>')
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def _content(c: CallView, advantage: float | None, t0: datetime | None) -> str:
@@ -211,6 +246,8 @@ def _content(c: CallView, advantage: float | None, t0: datetime | None) -> str:
         parts.append('<div class="msgs request"><h4>request</h4>')
         parts += [_message(m) for m in c.request]
         parts.append("</div>")
+    if c.shots:
+        parts.append(_shots(c))
     if c.response:
         parts.append('<div class="msgs response"><h4>response</h4>')
         parts += [_message(m) for m in c.response]

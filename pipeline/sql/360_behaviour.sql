@@ -11,6 +11,9 @@
 -- error_recovery    failed tool results followed by a successful call that differs
 --                   from the failed one (another tool or other arguments), over the
 --                   failed results; NULL without failures.
+-- n_gui_actions     GUI actions the responses took (calls.actions: computer-use calls
+--                   and browser tools, pipeline/actions.py), with the count of each of
+--                   click, type, scroll and navigate; 0 for an agent without any.
 CREATE OR REPLACE VIEW behaviour AS
 WITH
 rollout_tools AS (
@@ -78,6 +81,17 @@ recovery AS (
     SELECT rollout_id, count(*) FILTER (WHERE recovered) AS n_recovered
     FROM recoveries
     GROUP BY rollout_id
+),
+gui AS (
+    SELECT
+        rollout_id,
+        count(*) AS n_gui_actions,
+        count(*) FILTER (WHERE action = 'click') AS n_clicks,
+        count(*) FILTER (WHERE action = 'type') AS n_typed,
+        count(*) FILTER (WHERE action = 'scroll') AS n_scrolls,
+        count(*) FILTER (WHERE action = 'navigate') AS n_navigations
+    FROM (SELECT rollout_id, unnest(actions) AS action FROM calls WHERE rollout_id IS NOT NULL)
+    GROUP BY rollout_id
 )
 SELECT
     t.rollout_id::VARCHAR AS rollout_id,
@@ -108,8 +122,14 @@ SELECT
     coalesce(c.n_failed, 0)::BIGINT AS n_failed_results,
     coalesce(r.n_recovered, 0)::BIGINT AS n_recovered,
     (CASE WHEN c.n_failed > 0 THEN coalesce(r.n_recovered, 0) / c.n_failed END)::DOUBLE
-        AS error_recovery
+        AS error_recovery,
+    coalesce(g.n_gui_actions, 0)::BIGINT AS n_gui_actions,
+    coalesce(g.n_clicks, 0)::BIGINT AS n_clicks,
+    coalesce(g.n_typed, 0)::BIGINT AS n_typed,
+    coalesce(g.n_scrolls, 0)::BIGINT AS n_scrolls,
+    coalesce(g.n_navigations, 0)::BIGINT AS n_navigations
 FROM rollout_tools AS t
 LEFT JOIN counts AS c USING (rollout_id)
 LEFT JOIN plans AS p USING (rollout_id)
 LEFT JOIN recovery AS r USING (rollout_id)
+LEFT JOIN gui AS g USING (rollout_id)

@@ -16,7 +16,8 @@ SELECT
     avg(b.plan_completion)::DOUBLE AS mean_plan_completion,
     sum(b.n_failed_results)::BIGINT AS n_failed_results,
     sum(b.n_recovered)::BIGINT AS n_recovered,
-    (sum(b.n_recovered) / nullif(sum(b.n_failed_results), 0))::DOUBLE AS error_recovery
+    (sum(b.n_recovered) / nullif(sum(b.n_failed_results), 0))::DOUBLE AS error_recovery,
+    avg(b.n_gui_actions)::DOUBLE AS mean_gui_actions
 FROM behaviour AS b
 JOIN trajectories AS t USING (rollout_id)
 GROUP BY ALL

@@ -31,7 +31,7 @@ def call(call_id: str, parent: str | None = None, kind: str | None = None, **kw:
         api="openai_chat", status="complete", error=None, started_at=T0, duration_ms=1500.0,
         ttfb_ms=20.0, input_tokens=1200, output_tokens=34, cache_read_tokens=None,
         cache_write_tokens=None, usage_estimated=False, drift=None, policy_version=None,
-        stop_reason="stop", tools=["shell"], tool_calls=None,
+        stop_reason="stop", tools=["shell"], tool_calls=None, actions=None,
     )  # fmt: skip
     values.update(kw)
     return CallView(**values)
@@ -259,7 +259,7 @@ def test_forge_view_writes_every_page_and_an_index_and_says_where(
     out = tmp_path / "pages"
     assert main(["view", "--data", str(run), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "chat-r.html", "claude-r.html", "codex-r.html", "index.html",
+        "chat-r.html", "claude-r.html", "codex-r.html", "gui-r.html", "index.html",
     ]  # fmt: skip
     printed = capsys.readouterr().out
     assert f"open {out / 'index.html'}" in printed
@@ -291,3 +291,33 @@ def test_forge_view_refuses_a_run_without_calls(
 ) -> None:
     assert main(["view", "--data", str(tmp_path)]) == 2
     assert "no calls recorded under" in capsys.readouterr().err
+
+
+def test_a_gui_rollout_page_embeds_each_screenshot_once_and_shows_the_actions(
+    tmp_path: Path,
+) -> None:
+    """4 computer-use calls re-sending their last 2 screenshots carry 7, of which 4 are
+    distinct: the page embeds those 4 once each, at the call that first sends them."""
+    import base64
+
+    from pipeline.images import image_hash
+    from tests.forge_cli.view_runs import write_gui_rollout
+
+    carried = write_gui_rollout(tmp_path)
+    assert [len(c) for c in carried] == [1, 2, 2, 2]
+    assert main(["view", "--data", str(tmp_path), "--rollout", "gui-r", "--out", str(tmp_path / "p.html")]) == 0
+    html = (tmp_path / "p.html").read_text()
+    distinct = list(dict.fromkeys(p for c in carried for p in c))
+    assert len(distinct) == 4
+    for png in distinct:
+        src = "data:image/png;base64," + base64.b64encode(png).decode()
+        assert html.count(src) == 1
+    assert html.count('<figure class="shot">') == 4
+    # Call 1 extends call 0, so it shows only its new items; calls 2 and 3 trim an older
+    # screenshot (the history is rewritten, so the whole request is shown) and name the
+    # one screenshot they re-send.
+    assert html.count('class="shot-ref"') == 2
+    assert html.count(f'data-ref="{image_hash(distinct[0])}"') == 1
+    assert "320×240" in html
+    for kind in ("click", "type", "scroll", "key"):
+        assert f'<span class="actions">GUI: {kind}</span>' in html

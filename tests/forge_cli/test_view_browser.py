@@ -80,7 +80,7 @@ def type_query(page: Page, text: str) -> None:
     page.wait_until("document.getElementById('match-count').textContent !== ''", "the search")
 
 
-@pytest.mark.parametrize("rollout", ["claude-r", "codex-r", "chat-r"])
+@pytest.mark.parametrize("rollout", ["claude-r", "codex-r", "chat-r", "gui-r"])
 def test_every_call_of_the_rollout_is_shown_without_script_errors(
     pages: Path, browser: Browser, rollout: str
 ) -> None:
@@ -153,10 +153,37 @@ def test_the_index_links_every_rollout_page(pages: Path, browser: Browser) -> No
             ".map((a) => [a.textContent, a.href]))"
         )
     )
-    assert sorted(text for text, _ in links) == ["chat-r", "claude-r", "codex-r"]
+    assert sorted(text for text, _ in links) == ["chat-r", "claude-r", "codex-r", "gui-r"]
     assert page.script_errors() == []
     page.screenshot(ARTIFACTS / "index.png")
     for text, href in links:
         page.navigate(href)
         assert page.evaluate("document.title") == f"Forge rollout {text}"
+    page.close()
+
+
+def test_screenshots_are_decoded_and_laid_out_at_their_calls(pages: Path, browser: Browser) -> None:
+    """The computer-use rollout's 4 distinct screenshots are images the browser decoded
+    (320 x 240, the recorded size) and lays out once the calls are opened."""
+    page = open_page(browser, pages / "view" / "gui-r.html")
+    page.evaluate("document.getElementById('open-all').click()")
+    page.wait_until(
+        "Array.from(document.images).every((i) => i.complete)", "the screenshots to decode"
+    )
+    shots = json.loads(
+        page.evaluate(
+            "JSON.stringify(Array.from(document.images).map((i) => [i.dataset.ref, "
+            "i.naturalWidth, i.naturalHeight, i.getClientRects().length > 0, "
+            "i.closest('details.call').dataset.callId]))"
+        )
+    )
+    stored = dict(
+        connect(pages).execute("SELECT hash, first_call_id FROM images").fetchall()
+    )
+    assert len(shots) == len(stored) == 4
+    assert all((w, h, laid_out) == (320, 240, True) for _, w, h, laid_out, _ in shots)
+    # Each is shown at the call that first sent it.
+    assert {ref: call for ref, *_, call in shots} == stored
+    assert page.script_errors() == []
+    page.screenshot(ARTIFACTS / "gui-r.png")
     page.close()

@@ -1,7 +1,8 @@
 """A run directory for ``forge view`` tests, recorded with the real recorder
 (``tests.pipeline.runs``): a Claude Code-like rollout with a sub-agent and a side call,
-a Codex-like one on the Responses API and a Chat one; two of them share a task and have
-rewards, so GRPO gives them an advantage. One tool result holds live markup."""
+a Codex-like one on the Responses API, a Chat one and a computer-use one with screenshots;
+two of them share a task and have rewards, so GRPO gives them an advantage. One tool
+result holds live markup."""
 
 from __future__ import annotations
 
@@ -80,8 +81,38 @@ def chat() -> Agent:
     )  # fmt: skip
 
 
+GUI_STEPS, GUI_KEEP, GUI_SIZE = 4, 2, (320, 240)
+
+
+def write_gui_rollout(root: Path, rollout_id: str = "gui-r") -> list[list[bytes]]:
+    """A computer-use rollout (``bench.gui``: 4 calls re-sending their last 2 screenshots),
+    recorded with the real recorder; returns the screenshots each call carried."""
+    from bench.bench_gui_storage import gui_capture
+    from bench.gui import body_bytes, computer_use_calls
+    from mitm_addon.recorder import build_rows
+
+    seen: set[str] = set()
+    tables: dict[str, list[dict[str, Any]]] = {"calls": [], "messages": [], "images": []}
+    carried = []
+    calls = computer_use_calls(GUI_STEPS, GUI_KEEP, *GUI_SIZE)
+    for i, (request, response, images) in enumerate(calls):
+        capture = gui_capture(i, body_bytes(request), body_bytes(response), rollout_id, 1.79e9)
+        rows = build_rows(capture, lambda _: None)
+        tables["calls"].append(rows.call)
+        for table, new in (("messages", rows.messages), ("images", rows.images)):
+            for row in new:
+                if row["hash"] not in seen:
+                    seen.add(row["hash"])
+                    tables[table].append(row)
+        carried.append(images)
+    for table, rows in tables.items():
+        write_shard(root, table, f"{rollout_id}-{table}", rows)
+    return carried
+
+
 def write_view_run(root: Path) -> Path:
     """Write the run under ``root``; returns ``root``."""
+    write_gui_rollout(root)
     write_agents(
         root,
         [(claude_main(), 0), (claude_title(), 0.3), (claude_sub_agent(), 0.5),
@@ -93,7 +124,8 @@ def write_view_run(root: Path) -> Path:
         "rollouts",
         [rollout_row("claude-r", "fix-test", harness="claude"),
          rollout_row("codex-r", "fix-test", harness="codex"),
-         rollout_row("chat-r", "hello", harness="toy")],
+         rollout_row("chat-r", "hello", harness="toy"),
+         rollout_row("gui-r", "sign-up", harness="computer-use")],
     )  # fmt: skip
     write_shard(
         root, "rewards", "rewards", [reward_row("claude-r", 1.0), reward_row("codex-r", 0.0)]

@@ -138,3 +138,45 @@ def test_a_plain_body_cut_short_by_a_hang_up_is_incomplete_not_an_error() -> Non
     c.error = "Client disconnected."
     row = build_rows(c, lambda _: None).call
     assert row["status"] == "incomplete" and row["error"] == "Client disconnected."
+
+
+def test_a_gui_loop_stores_each_screenshot_once_and_rebuilds_every_request(tmp_path: Path) -> None:
+    """Anthropic's computer-use loop re-sending its last 3 screenshots: 12 calls carry 33
+    screenshots but 12 images rows are stored; no item holds base64; every request is
+    rebuilt exactly from the shards; each call's actions and images are on its row."""
+    from bench.bench_gui_storage import gui_capture
+    from bench.gui import ACTION_KINDS, body_bytes, computer_use_calls
+    from pipeline.images import image_hash
+    from pipeline.reconstruct import reconstruct_request
+    from pipeline.shards import write_shard
+    from pipeline.store import connect
+
+    seen: set[str] = set()
+    calls, messages, images, sent = [], [], [], []
+    for i, (request, response, carried) in enumerate(
+        computer_use_calls(12, keep=3, width=256, height=192)
+    ):
+        rows = build_rows(
+            gui_capture(i, body_bytes(request), body_bytes(response)), lambda _: None
+        )
+        assert rows.call["parse_error"] is None
+        assert rows.call["request_images"] == [image_hash(png) for png in carried]
+        assert rows.call["actions"] == [ACTION_KINDS[i % len(ACTION_KINDS)]]
+        assert rows.call["tool_calls"] == ["computer"]
+        assert {r["hash"] for r in rows.images} == {image_hash(png) for png in carried}
+        calls.append(rows.call)
+        sent.append(request)
+        for table, new in ((messages, rows.messages), (images, rows.images)):
+            table += [r for r in new if r["hash"] not in seen and not seen.add(r["hash"])]
+    assert sum(len(c["request_images"]) for c in calls) == 1 + 2 + 3 * 10
+    assert len(images) == 12  # the screenshot after the last action was never sent
+    assert all(
+        r["width"] == 256 and r["height"] == 192 and r["media_type"] == "image/png" for r in images
+    )
+    assert max(len(m["content_json"]) for m in messages if m["kind"] == "item") < 1000
+    write_shard(tmp_path, "images", "r-000001", images)
+    write_shard(tmp_path, "messages", "r-000001", messages)
+    write_shard(tmp_path, "calls", "r-000001", calls)
+    con = connect(tmp_path)
+    for call, request in zip(calls, sent, strict=True):
+        assert canonical_json(reconstruct_request(con, call["call_id"])) == canonical_json(request)

@@ -172,6 +172,21 @@ def test_the_summary_aggregates_per_harness_and_model(studied: duckdb.DuckDBPyCo
     assert by["toy"][4] == 0.0
 
 
+def test_gui_actions_are_counted_per_rollout_and_a_text_agent_has_none(tmp_path: Path) -> None:
+    """The computer-use rollout of the viewer's run: 4 calls, one action each (click,
+    type, scroll, key); the computer tool counts as a tool call too."""
+    from tests.forge_cli.view_runs import write_gui_rollout
+
+    write_gui_rollout(tmp_path)
+    write_agents(tmp_path, [(toy_like(), 200)])
+    b = behaviour(connect(tmp_path))
+    gui = b["gui-r"]
+    assert (gui["n_gui_actions"], gui["n_clicks"], gui["n_typed"], gui["n_scrolls"],
+            gui["n_navigations"]) == (4, 1, 1, 1, 0)  # fmt: skip
+    assert (gui["n_tool_calls"], gui["tool_coverage"]) == (4, 1.0)
+    assert (b["toy-1"]["n_gui_actions"], b["toy-1"]["n_clicks"]) == (0, 0)
+
+
 @pytest.fixture(scope="module")
 def macros() -> duckdb.DuckDBPyConnection:
     """A bare connection with the behaviour macros (they read no table)."""
