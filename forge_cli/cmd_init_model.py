@@ -30,6 +30,13 @@ def add_parser(sub: Any) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tiny", action="store_true", help="the tiny random Qwen3")
     which.add_argument(
+        "--tiny-vl",
+        action="store_true",
+        help="a tiny random Qwen3-VL (vision-language: one vision block on 16-pixel patches, "
+        "2 text layers) with Qwen3's tokenizer and an image processor configured in code. "
+        "Not served or trained yet: a foundation for GUI policies",
+    )
+    which.add_argument(
         "--smollm2", action="store_true", help="SmolLM2-135M-Instruct (pretrained, 135M)"
     )
     which.add_argument(
@@ -67,6 +74,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tiny_vl:
+        return _tiny_vl(args)
     if not args.tiny:
         return _from_gguf(args)
     from rl.tiny_model import ModelBuildError, build_tiny_model, script_reply
@@ -82,6 +91,20 @@ def run(args: argparse.Namespace) -> int:
     except ModelBuildError as e:
         raise ForgeError(str(e)) from e
     print(f"forge: tiny Qwen3 model written to {out}")
+    return 0
+
+
+def _tiny_vl(args: argparse.Namespace) -> int:
+    from rl.tiny_model import ModelBuildError
+    from rl.tiny_vl_model import build_tiny_vl_model
+
+    if args.reply is not None or args.sliding_window is not None:
+        raise ForgeError("--reply and --sliding-window build the text model only (--tiny)")
+    try:
+        out = build_tiny_vl_model(args.out, seed=args.seed)
+    except ModelBuildError as e:
+        raise ForgeError(str(e)) from e
+    print(f"forge: tiny Qwen3-VL model written to {out}")
     return 0
 
 

@@ -383,9 +383,13 @@ def load_policy(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> An
     """The causal LM of a Hugging Face folder, in ``dtype`` (fp32 for CPU training)."""
     from transformers import AutoModelForCausalLM
 
+    from rl.tiny_vl_model import NOT_SERVED, is_vision_model
+
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
+    if is_vision_model(model_dir):
+        raise ValueError(NOT_SERVED.format(path=model_dir))
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
 
 

@@ -104,6 +104,10 @@ class Engine:
     def __init__(self, model_dir: Path, device: str = "cpu", version: int = 0) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        from rl.tiny_vl_model import NOT_SERVED, is_vision_model
+
+        if is_vision_model(model_dir):
+            raise EngineError(NOT_SERVED.format(path=model_dir))
         self.model_dir = model_dir
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
