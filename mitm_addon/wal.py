@@ -106,7 +106,11 @@ class WalBusy(OSError):
 
 
 LOCK_FILE = ".lock"
-LOCK_WAIT_S = 30.0
+# Longer than a proxy takes to stop: its writer waits up to 30 s for the builder to store
+# every call (writer._STOP_TIMEOUT_S), so a proxy whose launcher was killed can hold the
+# directory for that long after the launcher's successor starts; shorter than the
+# launcher's 60 s wait for the new proxy to be ready (launch.proxy._READY_TIMEOUT_S).
+LOCK_WAIT_S = 45.0
 
 
 class Wal:

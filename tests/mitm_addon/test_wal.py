@@ -73,3 +73,13 @@ def test_a_second_proxy_on_a_live_log_waits_then_says_who_holds_it(tmp_path: Pat
     second = wal.Wal(tmp_path, lock_wait_s=0.3)  # the first let go
     assert second.seq == first.seq + 1
     second.close()
+
+
+def test_a_successor_waits_longer_than_a_stopping_proxy_can_hold_the_directory() -> None:
+    """A loop killed with SIGKILL leaves its proxy stopping (storing every call, up to the
+    writer's stop timeout) while the resumed loop starts the next one on the same run: the
+    new proxy must outwait it, and be ready before its launcher gives up on it."""
+    from mitm_addon import writer
+    from mitm_addon.launch import proxy
+
+    assert writer._STOP_TIMEOUT_S + 10 <= wal.LOCK_WAIT_S < proxy._READY_TIMEOUT_S
