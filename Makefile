@@ -32,7 +32,7 @@ $(HARNESS_STAMP): .harnesses/package.json .harnesses/package-lock.json .harnesse
 
 # The browser-use agent (a GUI harness), in a virtual environment of its own.
 $(BROWSER_STAMP): .harnesses/browser-use/requirements.txt scripts/install_browser_harness.sh
-	bash scripts/install_browser_harness.sh
+	PYTHON=$(PYTHON) bash scripts/install_browser_harness.sh
 	touch $(BROWSER_STAMP)
 
 demo: setup
