@@ -72,7 +72,8 @@ def _decoded(payload: str) -> bytes | None:
 
 def extract_images(value: Any) -> tuple[Any, list[Image]]:
     """``value`` with its inline images replaced by references, and the images, in the
-    order they appear (one entry per occurrence). ``value`` itself is not changed."""
+    order they appear (one entry per occurrence). ``value`` itself is not changed; the
+    parts of it that hold no image are shared, not copied."""
     found: list[Image] = []
 
     def take(payload: str, media_type: str | None) -> str | None:
@@ -85,7 +86,22 @@ def extract_images(value: Any) -> tuple[Any, list[Image]]:
         found.append(image)
         return image.hash
 
+    def source_data(source: dict[str, Any]) -> Any:
+        """The ``data`` of an image source by reference; any other ``data`` walked."""
+        data, media = source["data"], source.get("media_type")
+        if (
+            source.get("type") == "base64"
+            and isinstance(data, str)
+            and isinstance(media, str)
+            and media.startswith("image/")
+        ):
+            h = take(data, media)
+            if h is not None:
+                return {IMAGE_KEY: h}
+        return walk(data)
+
     def walk(v: Any) -> Any:
+        """``v`` with its images replaced; ``v`` itself (not a copy) when it holds none."""
         if isinstance(v, str):
             match = _DATA_URL.match(v) if len(v) >= REF_MIN_BYTES else None
             if match is not None:
@@ -94,22 +110,11 @@ def extract_images(value: Any) -> tuple[Any, list[Image]]:
                     return {IMAGE_KEY: h, "prefix": match.group(0)}
             return v
         if isinstance(v, list):
-            return [walk(e) for e in v]
+            items = [walk(e) for e in v]
+            return v if all(a is b for a, b in zip(items, v, strict=True)) else items
         if isinstance(v, dict):
-            out = {k: walk(e) for k, e in v.items() if k != "data"}
-            if "data" in v:
-                data = v["data"]
-                h = None
-                media = v.get("media_type")
-                if (
-                    v.get("type") == "base64"
-                    and isinstance(data, str)
-                    and isinstance(media, str)
-                    and media.startswith("image/")
-                ):
-                    h = take(data, media)
-                out["data"] = {IMAGE_KEY: h} if h is not None else walk(data)
-            return {k: out[k] for k in v}  # the item's own key order
+            out = {k: source_data(v) if k == "data" else walk(e) for k, e in v.items()}
+            return v if all(out[k] is e for k, e in v.items()) else out
         return v
 
     return walk(value), found

@@ -77,7 +77,7 @@ def build_tiny_model(out: Path, seed: int = 0, sliding_window: int | None = None
     ``use_sliding_window``), as Mistral's and Gemma's local layers do; None, full attention.
     """
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     source = qwen3_tokenizer_dir()
@@ -91,6 +91,14 @@ def build_tiny_model(out: Path, seed: int = 0, sliding_window: int | None = None
     config.dtype = torch.float32
     # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
+    return save_tiny(model, tokenizer, source, out)
+
+
+def save_tiny(model: Any, tokenizer: Any, source: Path, out: Path) -> Path:
+    """Write a tiny model with Qwen3's end-of-turn ids, and the tokenizer (with the slow
+    tokenizer's files from ``source``, for tools that want them), to ``out``."""
+    from transformers import GenerationConfig
+
     model.generation_config = GenerationConfig(
         bos_token_id=TINY_CONFIG["bos_token_id"],
         eos_token_id=EOS_IDS,
@@ -98,7 +106,7 @@ def build_tiny_model(out: Path, seed: int = 0, sliding_window: int | None = None
     )
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    for name in TOKENIZER_FILES[2:]:  # the slow tokenizer's files, for tools that want them
+    for name in TOKENIZER_FILES[2:]:
         shutil.copyfile(source / name, out / name)
     return out
 

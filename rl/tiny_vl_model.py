@@ -14,11 +14,10 @@ tokens (``rl.vision`` computes the count without the processor).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from rl.tiny_model import EOS_IDS, TINY_CONFIG, TOKENIZER_FILES, qwen3_tokenizer_dir
+from rl.tiny_model import TINY_CONFIG, qwen3_tokenizer_dir, save_tiny
 from rl.vision import IMAGE_PAD, VISION_END, VISION_START, VisionSettings
 
 SETTINGS = VisionSettings()
@@ -80,12 +79,7 @@ def build_tiny_vl_model(out: Path, seed: int = 0) -> Path:
     """Write a seeded random tiny Qwen3-VL model, the Qwen3 tokenizer and the image
     processor's settings to ``out``."""
     import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-    )
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     out.mkdir(parents=True, exist_ok=True)
     source = qwen3_tokenizer_dir()
@@ -104,15 +98,7 @@ def build_tiny_vl_model(out: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()  # type: ignore[arg-type]
-    model.generation_config = GenerationConfig(
-        bos_token_id=TINY_CONFIG["bos_token_id"],
-        eos_token_id=EOS_IDS,
-        pad_token_id=TINY_CONFIG["pad_token_id"],
-    )
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    for name in TOKENIZER_FILES[2:]:
-        shutil.copyfile(source / name, out / name)
+    save_tiny(model, tokenizer, source, out)
     (out / "preprocessor_config.json").write_text(json.dumps(IMAGE_PROCESSOR, indent=2) + "\n")
     return out
 
