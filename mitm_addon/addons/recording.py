@@ -90,7 +90,12 @@ class Recording:
         log.info("forge: recording %s to %s", ",".join(sorted(config.hosts)), config.out_dir)
         parent = ctx.options.forge_parent_pid
         if parent and self._parent_watch is None:
-            if os.getppid() != parent:
+            if os.getppid() != parent and not _alive(parent):
+                # Killed while this proxy started: no one will stop it, and it would hold
+                # its run directory for ever.
+                log.warning("forge: the launcher (pid %d) has gone; stopping", parent)
+                ctx.master.shutdown()
+            elif os.getppid() != parent:
                 log.warning("forge: forge_parent_pid %d is not this proxy's parent", parent)
             else:
                 try:
@@ -470,3 +475,13 @@ def local_addresses() -> frozenset[str]:
     except OSError:
         pass
     return frozenset(found)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

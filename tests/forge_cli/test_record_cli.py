@@ -153,3 +153,34 @@ def test_a_sigkilled_launcher_takes_its_proxy_along_and_its_calls_are_stored(
     # Its one call is in a shard (not left in the write-ahead log for a later run).
     assert connect(run).execute("SELECT count(*) FROM calls").fetchone() == (1,)
     assert not [p for p in (run / "wal").glob("*.wal") if p.stat().st_size]
+
+
+def test_a_proxy_whose_launcher_died_while_it_started_stops_by_itself(
+    tmp_path: Path, confdir: Path
+) -> None:
+    """The launcher is SIGKILLed before the proxy's addon is up (a loop killed right after
+    it started a round's proxy): the proxy, reparented before it could watch its launcher,
+    stops instead of holding the run directory for ever."""
+    import psutil
+
+    from mitm_addon.launch.proxy import ADDON, mitmdump_path
+
+    start = (
+        "import os, subprocess, sys\n"
+        "p = subprocess.Popen([sys.argv[1], '--listen-host', '127.0.0.1', '--listen-port', '0',"
+        " '-s', sys.argv[2], '--set', 'confdir=' + sys.argv[3], '--set', 'forge_dir=' + sys.argv[4],"
+        " '--set', f'forge_parent_pid={os.getpid()}'], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(p.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", start, mitmdump_path(), str(ADDON), str(confdir), str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    proxy = psutil.Process(int(out.stdout))
+    try:
+        proxy.wait(timeout=60)  # psutil.TimeoutExpired if it outlived its launcher
+    finally:
+        if proxy.is_running():
+            proxy.kill()
