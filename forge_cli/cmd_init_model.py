@@ -33,8 +33,8 @@ def add_parser(sub: Any) -> None:
         "--tiny-vl",
         action="store_true",
         help="a tiny random Qwen3-VL (vision-language: one vision block on 16-pixel patches, "
-        "2 text layers) with Qwen3's tokenizer and an image processor configured in code. "
-        "Not served or trained yet: a foundation for GUI policies",
+        "2 text layers) with Qwen3's tokenizer and an image processor configured in code: a "
+        "GUI policy that forge serve-policy serves and forge train trains on screenshots",
     )
     which.add_argument(
         "--smollm2", action="store_true", help="SmolLM2-135M-Instruct (pretrained, 135M)"

@@ -20,7 +20,9 @@ def add_parser(sub: Any) -> None:
         description="Serve a Hugging Face model folder over HTTP: /v1/completions with prompts "
         "as token ids, returning token ids and logprobs as vLLM does; /v1/models; /health; and "
         "for the training loop /pause, /resume and /load_weights (new weights with a version "
-        "number). Requests run one at a time, in arrival order.",
+        "number). Requests run one at a time, in arrival order. A vision-language model "
+        "(Qwen3-VL: a folder with preprocessor_config.json) takes a prompt's images as "
+        "forge_images, which serve mode sends.",
     )
     p.add_argument("--model", type=Path, required=True, help="model folder")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")

@@ -6,6 +6,10 @@ and the rollout's advantage (gamma = 1: the terminal advantage is broadcast to e
 trained token). ``collate`` turns rows into right-padded ``(B, T)`` tensors; the GRPO
 group id becomes veRL's ``uid``. Everything here is pure except ``read_samples``.
 
+A vision policy's sample names the images its tokens show (``images``: hashes, in the
+order of their runs of image pads); ``collate`` given a ``SampleImages`` (the snapshot's
+images table and the model's image processor) adds their pixel inputs to the batch.
+
 Token alignment: every tensor is indexed by token position ``t``. The logprob of token
 ``t`` comes from the logits at ``t - 1``, so position 0 is never trained (a sample whose
 first token is in the loss mask is refused).
@@ -18,10 +22,14 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+
+if TYPE_CHECKING:
+    from rl.vision_inputs import SampleImages
 
 SNAPSHOT_FORMAT = "forge.snapshot/1"
 SAMPLES_FILE = "data/train-00000-of-00001.parquet"
@@ -52,6 +60,7 @@ class Sample:
     old_logprobs: tuple[float, ...] | None  # (n_tokens,) 0 off the mask; None: unknown
     advantage: float
     policy_version: int | None = None
+    images: tuple[str, ...] = ()  # hashes of the images shown, in token order
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -90,6 +99,9 @@ class Batch:
     advantages: torch.Tensor  # (B, T) float32, the sample's advantage on masked tokens, else 0
     uid: tuple[str, ...]  # (B,) GRPO group id (veRL's uid)
     sample_ids: tuple[str, ...]  # (B,)
+    # A vision model's inputs for the images of the rows (pixel_values, image_grid_thw,
+    # mm_token_type_ids); empty when no row shows one.
+    vision: dict[str, torch.Tensor] | None = None
 
     @property
     def n_loss_tokens(self) -> int:
@@ -105,7 +117,8 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
     if missing:
         raise BatchError(f"the samples table lacks columns {missing}; is it a Forge snapshot?")
     out = []
-    for row in table.select(list(COLUMNS)).to_pylist():
+    columns = list(COLUMNS) + (["images"] if "images" in table.column_names else [])
+    for row in table.select(columns).to_pylist():
         lp = row["old_logprobs"]
         out.append(
             Sample(
@@ -116,6 +129,7 @@ def samples_from_table(table: pa.Table) -> list[Sample]:
                 old_logprobs=None if lp is None else tuple(lp),
                 advantage=float(row["advantage"] if row["advantage"] is not None else math.nan),
                 policy_version=row["policy_version"],
+                images=tuple(row.get("images") or ()),
             )
         )
     return out
@@ -144,6 +158,17 @@ def read_samples(snapshot: str | Path) -> list[Sample]:
     except (pa.ArrowException, OSError) as e:
         raise BatchError(f"{root / rel}: cannot read the snapshot's samples ({e})") from None
     return samples_from_table(table)
+
+
+def read_images(snapshot: str | Path) -> dict[str, bytes]:
+    """The raw images of a snapshot by hash (empty for one without an images table)."""
+    root = Path(snapshot)
+    manifest = json.loads((root / "manifest.json").read_text())
+    rel = manifest.get("tables", {}).get("images", {}).get("path")
+    if rel is None or not (root / rel).is_file():
+        return {}
+    table = pq.read_table(root / rel, columns=["hash", "data"])
+    return dict(zip(table.column("hash").to_pylist(), table.column("data").to_pylist(), strict=True))
 
 
 def read_group_stats(snapshot: str | Path) -> dict[str, float]:
@@ -185,6 +210,8 @@ def crop_to_reach(sample: Sample, reach: int) -> Sample:
     if start == 0:
         return sample
     lp = sample.old_logprobs
+    if sample.images:
+        raise BatchError(f"sample {sample.sample_id} shows images: it cannot be cropped")
     return replace(
         sample,
         input_ids=sample.input_ids[start:],
@@ -193,8 +220,11 @@ def crop_to_reach(sample: Sample, reach: int) -> Sample:
     )
 
 
-def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
-    """Right-pad ``samples`` to the longest one: one ``Batch``."""
+def collate(
+    samples: Sequence[Sample], pad_id: int = 0, images: SampleImages | None = None
+) -> Batch:
+    """Right-pad ``samples`` to the longest one: one ``Batch``; with ``images``, the
+    pixel inputs of the images the samples show."""
     if not samples:
         raise BatchError("no samples to collate")
     b, t = len(samples), max(len(s.input_ids) for s in samples)
@@ -222,6 +252,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> Batch:
         advantages=adv,
         uid=tuple(s.group_id or s.sample_id for s in samples),
         sample_ids=tuple(s.sample_id for s in samples),
+        vision=images.inputs(samples, input_ids) if images is not None else None,
     )
 
 
@@ -260,10 +291,11 @@ def iter_batches(
     micro_batch_size: int,
     max_tokens: int | None = None,
     pad_id: int = 0,
+    images: SampleImages | None = None,
 ) -> Iterator[Batch]:
     """Padded micro-batches of ``samples``, in order."""
     for chunk in split_micro_batches(samples, micro_batch_size, max_tokens):
-        yield collate(chunk, pad_id)
+        yield collate(chunk, pad_id, images)
 
 
 def group_stats(samples: Sequence[Sample]) -> dict[str, float]:

@@ -8,7 +8,7 @@ rotary embedding), seeded random weights. The tokenizer is Qwen3's (``rl.tiny_mo
 whose vocabulary holds Qwen-VL's vision tokens (``<|vision_start|>``, ``<|image_pad|>``,
 ``<|vision_end|>``); the image processor is ``Qwen2VLImageProcessor``'s settings in
 ``preprocessor_config.json``, sized so a 1920 x 1080 screenshot becomes 60 image
-tokens (``rl.vision`` computes the count without the processor).
+tokens (``mitm_addon.serve.vision`` computes the count without the processor).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mitm_addon.serve.vision import IMAGE_PAD, VISION_END, VISION_START, VisionSettings
 from rl.tiny_model import TINY_CONFIG, qwen3_tokenizer_dir, save_tiny
-from rl.vision import IMAGE_PAD, VISION_END, VISION_START, VisionSettings
 
 SETTINGS = VisionSettings()
 IMAGE_PROCESSOR: dict[str, Any] = {
@@ -106,13 +106,6 @@ def build_tiny_vl_model(out: Path, seed: int = 0) -> Path:
 def is_vision_model(model_dir: Path) -> bool:
     """A model folder with an image processor's settings: a vision policy."""
     return (Path(model_dir) / "preprocessor_config.json").is_file()
-
-
-NOT_SERVED = (
-    "{path} is a vision-language model (it has a preprocessor_config.json): serving and "
-    "training a vision policy are not built yet; serve mode and the trainer take text "
-    "models (forge init-model --tiny, --smollm2, --from-gguf)"
-)
 
 
 def load_image_processor(model_dir: Path) -> Any:

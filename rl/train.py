@@ -22,7 +22,7 @@ from typing import Any
 
 from mitm_addon.launch.errors import ForgeError
 from rl import losses, trainer
-from rl.batches import BatchError, read_group_stats, read_samples
+from rl.batches import BatchError, read_group_stats, read_images, read_samples
 
 __all__ = [
     "TrainError",
@@ -143,6 +143,18 @@ def train(job: TrainJob, on_metrics: OnMetrics | None = None) -> Path:
         ref = trainer.load_policy(job.model) if use_ref else None
     except (OSError, ValueError) as e:
         raise TrainError(f"--model {job.model}: {e}") from None
+    images = None
+    if trainer.is_vision(model):
+        if job.snapshot is None:
+            raise TrainError(
+                f"--model {job.model} is a vision-language model: train it on a snapshot "
+                "(its samples name their images); --chats holds text only"
+            )
+        from rl.vision_inputs import Pixels, SampleImages, vision_tokens_of
+
+        images = SampleImages(
+            Pixels(job.model), read_images(job.snapshot), vision_tokens_of(model.config)
+        )
     version = trainer.read_policy_version(job.model)
     lines: list[str] = []
 
@@ -166,6 +178,7 @@ def train(job: TrainJob, on_metrics: OnMetrics | None = None) -> Path:
             progress=job.progress,
             snapshot_stats=read_group_stats(job.snapshot) if job.snapshot else None,
             optimizer=optimizer,
+            images=images,
         )
     except (BatchError, ValueError, FloatingPointError) as e:
         raise TrainError(str(e)) from None
@@ -190,6 +203,13 @@ def _checked_samples(snapshot: Path, model: Path, out: Path) -> list[Any]:
         raise TrainError(f"--out {out} exists: checkpoints are never overwritten")
     if not (model / "config.json").is_file():
         raise TrainError(f"--model {model} is not a Hugging Face model folder (no config.json)")
+    from rl.tiny_vl_model import is_vision_model
+
+    if is_vision_model(model):
+        raise TrainError(
+            f"--model {model} is a vision-language model: Forge's veRL backends train text "
+            "models only; train it with the embedded trainer (--backend embedded)"
+        )
     try:
         samples = read_samples(snapshot)
     except (BatchError, FileNotFoundError) as e:

@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ from rl.batches import (
     split_micro_batches,
 )
 from rl.window import attention_reach
+
+if TYPE_CHECKING:
+    from rl.vision_inputs import SampleImages
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +177,10 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return out
     keep = torch.nonzero(trained.any(dim=0)).squeeze(1)  # (K,)
     logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        logits_to_keep=keep,
+        **(batch.vision or {}),  # a vision model's pixel inputs for the rows' images
     ).logits  # (B, K, V)
     k, v = keep.numel(), logits.shape[-1]
     labels = batch.input_ids[:, keep + 1]  # (B, K)
@@ -273,6 +279,7 @@ def train(
     progress: bool = False,
     snapshot_stats: dict[str, float] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    images: SampleImages | None = None,
 ) -> list[dict[str, float]]:
     """Optimizer steps over ``samples``: ``epochs`` x mini-batches, with ``optimizer``
     (default: a fresh ``make_optimizer``). Returns each step's
@@ -281,19 +288,22 @@ def train(
     if not samples:
         raise ValueError("no samples to train on")
     # An HF model: torch types a Module's unknown attributes as Tensor | Module.
-    check_vocabulary(samples, int(model.config.vocab_size))  # type: ignore[union-attr, arg-type]
-    reach = attention_reach(getattr(model, "config", None))
+    text_config = model.config.get_text_config()  # type: ignore[union-attr, operator]
+    check_vocabulary(samples, int(text_config.vocab_size))
+    if images is None and any(s.images for s in samples) and is_vision(model):
+        raise ValueError("these samples show images: train them with the snapshot's images")
+    reach = attention_reach(text_config)
     if reach is not None:
         # A sliding-window model: tokens no trained logit can see are not run at all
         # (Codex's 7.7k-token prompt becomes the last few hundred tokens before a reply).
         samples = [crop_to_reach(s, reach) for s in samples]
     torch.manual_seed(settings.seed)
-    pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+    pad_id = int(getattr(text_config, "pad_token_id", None) or 0)
     if optimizer is None:
         optimizer = make_optimizer(model, settings)
     plan = [
         [
-            collate(chunk, pad_id)
+            collate(chunk, pad_id, images)
             for chunk in split_micro_batches(mb, settings.micro_batch_size, settings.max_tokens)
         ]
         for _ in range(settings.epochs)
@@ -380,17 +390,23 @@ def read_policy_version(model_dir: str | Path) -> int:
 
 
 def load_policy(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Any:
-    """The causal LM of a Hugging Face folder, in ``dtype`` (fp32 for CPU training)."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM of a Hugging Face folder, in ``dtype`` (fp32 for CPU training); a
+    vision-language model for a folder with an image processor's settings."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from rl.tiny_vl_model import NOT_SERVED, is_vision_model
+    from rl.tiny_vl_model import is_vision_model
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face model folder (no config.json)")
     if is_vision_model(model_dir):
-        raise ValueError(NOT_SERVED.format(path=model_dir))
+        return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+
+
+def is_vision(model: Any) -> bool:
+    """Does ``model`` take images (a Qwen-VL model: its config names an image token)?"""
+    return getattr(getattr(model, "config", None), "image_token_id", None) is not None
 
 
 def save_checkpoint(

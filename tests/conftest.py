@@ -22,6 +22,14 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return build_models(tmp_path_factory.mktemp("models"))
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-VL (random weights, the real Qwen3 tokenizer), built once."""
+    from rl.tiny_vl_model import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("vl-model") / "tiny-vl")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     """With ``CI=true`` (``.ci/run`` sets it) a skipped test fails: a missing prerequisite

@@ -13,7 +13,9 @@ from typing import Any
 
 from mitm_addon.protocols import find_adapter
 from mitm_addon.protocols.base import ParseError
+from mitm_addon.serve.vision import image_text
 from pipeline.export import _text_of, to_openai
+from pipeline.images import IMAGE_KEY, extract_images, image_size, is_image_ref
 
 
 class ConversionError(ValueError):
@@ -36,6 +38,8 @@ class Conversation:
     # Leading messages that a Responses call's ``instructions`` made: a later call naming
     # this one in ``previous_response_id`` does not inherit them (the API's rule).
     instructions: int = 0
+    # For a vision policy: the raw bytes of each image the messages show, by hash.
+    images: dict[str, bytes] = field(default_factory=dict)
 
 
 # Body keys that bound the completion's length, per API (the first one present wins).
@@ -76,20 +80,73 @@ def _clean(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if v is not None}
 
 
+# Content parts that hold one image, in each API's form (computer_screenshot: the output
+# of a Responses computer call).
+_IMAGE_PARTS = frozenset({"image", "image_url", "input_image", "computer_screenshot"})
+
+
+def _holds_ref(value: Any) -> str | None:
+    """The hash of the image reference somewhere in ``value``, if any."""
+    if is_image_ref(value):
+        return str(value[IMAGE_KEY])
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        if (found := _holds_ref(child)) is not None:
+            return found
+    return None
+
+
+def inline_images(items: list[Any]) -> tuple[list[Any], dict[str, bytes]]:
+    """``items`` with each image part replaced by a text part holding its sentinel
+    (``vision.image_text``), and each image's bytes by hash: what a vision policy's
+    renderer turns into image tokens. Raises ConversionError for an image the policy
+    cannot be shown (given by URL: its bytes never crossed the proxy; of a format whose
+    size cannot be read)."""
+    refs, found = extract_images(items)
+    images = {image.hash: image.data for image in found}
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if value.get("type") in _IMAGE_PARTS:
+            h = _holds_ref(value)
+            if h is None:
+                raise ConversionError(
+                    "a vision policy is shown inline images only: this request gives one by "
+                    "URL or in a form Forge does not read"
+                )
+            size = image_size(images[h])
+            if size is None:
+                raise ConversionError(f"image {h}: not a PNG, GIF, JPEG or WebP image")
+            return {"type": "text", "text": image_text(h, *size)}
+        return {k: walk(v) for k, v in value.items()}
+
+    return walk(refs), images
+
+
 def from_request(
     method: str,
     path: str,
     body: dict[str, Any],
     history: list[dict[str, Any]] | None = None,
+    images: bool = False,
 ) -> Conversation:
     """The conversation of one model call. ``history``: the messages (request and reply)
-    of the response a Responses call names in ``previous_response_id``."""
+    of the response a Responses call names in ``previous_response_id``. ``images``: for
+    a vision policy, each image stays in its message as a sentinel (``inline_images``);
+    else it becomes the text ``[image]``."""
     adapter = find_adapter(method, path)
     if adapter is None:
         raise ConversionError(f"{method} {path} is not a model call Forge can serve")
+    shown: dict[str, bytes] = {}
     try:
         parsed = adapter.parse_request(body)
-        messages, tools = to_openai(adapter.api, parsed.params, parsed.items)
+        items = parsed.items
+        if images:
+            items, shown = inline_images(items)
+        messages, tools = to_openai(adapter.api, parsed.params, items)
     except (ParseError, ValueError, TypeError, AttributeError) as e:
         raise ConversionError(f"{adapter.api}: {e}") from e
     messages = [_clean(m) for m in messages]
@@ -117,4 +174,5 @@ def from_request(
         top_p=_number(parsed.params, "top_p"),
         previous_response_id=parsed.previous_response_id,
         instructions=instructions,
+        images=shown,
     )

@@ -15,8 +15,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import threading
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +32,19 @@ from mitm_addon.serve.conversation import Conversation, ConversionError, from_re
 from mitm_addon.serve.policy import PolicyClient, PolicyError, PolicyOutput
 from mitm_addon.serve.renderer import Renderer, TemplateError
 from mitm_addon.serve.splice import Plan, ServedCall, SpliceStore, plan_prompt
+from mitm_addon.serve.vision import image_hashes, image_runs
 
 log = logging.getLogger(__name__)
 
 # Completion length when the request sets none (Chat and Responses may omit it).
 DEFAULT_MAX_TOKENS = 4096
+# Images a vision policy's server remembers for later calls that name them (by the
+# history a Responses call continues): a GUI agent's recent screenshots.
+_MAX_IMAGES = 256
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else json.dumps(content) if content else ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ class _Call:
     conv: Conversation
     plan: Plan
     max_tokens: int
+    images: list[tuple[str, bytes]] = field(default_factory=list)  # (hash, bytes) in prompt order
 
 
 def error_event(api: str, message: str) -> replies.Event:
@@ -164,6 +175,9 @@ class Server:
         self.store = SpliceStore()
         self.models = models
         self.max_tokens_cap = max_tokens_cap
+        # A vision policy's images by hash, for calls that show them again (bounded).
+        self._images: OrderedDict[str, bytes] = OrderedDict()
+        self._images_lock = threading.Lock()
 
     def serves(self, model: str | None) -> bool:
         """Does the policy answer calls naming this model (``forge_serve_models``)?"""
@@ -188,7 +202,11 @@ class Server:
             return self._whole(call)
         try:
             outs = self.client.stream(
-                call.plan.prompt_ids, call.max_tokens, call.conv.temperature, call.conv.top_p
+                call.plan.prompt_ids,
+                call.max_tokens,
+                call.conv.temperature,
+                call.conv.top_p,
+                images=call.images,
             )
         except PolicyError as e:
             return _refused(call.api, e)
@@ -225,8 +243,11 @@ class Server:
                 raise ConversionError("the request body is not a JSON object")
             previous = body.get("previous_response_id")
             history = self.store.history(previous) if isinstance(previous, str) else None
-            conv = from_request(method, path, body, history)
+            conv = from_request(
+                method, path, body, history, images=self.renderer.vision is not None
+            )
             plan = plan_prompt(self.store, self.renderer, conv.messages, conv.tools)
+            images = self._prompt_images(conv, plan)
             _, max_model_len = self.client.model()
         except (ConversionError, TemplateError, ValueError) as e:
             return error_answer(api, 400, str(e))
@@ -244,7 +265,35 @@ class Server:
                     f"prompt is too long: {len(plan.prompt_ids)} tokens > {max_model_len} maximum",
                 )
             max_tokens = min(max_tokens, room)
-        return _Call(call_id, api, body, conv, plan, max_tokens)
+        return _Call(call_id, api, body, conv, plan, max_tokens, images)
+
+    def _prompt_images(self, conv: Conversation, plan: Plan) -> list[tuple[str, bytes]]:
+        """A vision policy's images, in the order their tokens stand in the prompt: the
+        order of their sentinels in the messages (completions hold no image). Raises
+        ValueError when the prompt's runs of image pads do not match them one to one."""
+        tokens = self.renderer.vision_tokens
+        if tokens is None:
+            return []
+        hashes = [h for m in conv.messages for h in image_hashes(_text(m.get("content")))]
+        runs = image_runs(plan.prompt_ids, tokens)
+        if len(runs) != len(hashes):
+            raise ValueError(
+                f"the prompt holds {len(runs)} images' tokens for the {len(hashes)} images "
+                "its messages show (a completion holding image tokens?)"
+            )
+        out = []
+        with self._images_lock:
+            for h, data in conv.images.items():
+                self._images[h] = data
+                self._images.move_to_end(h)
+            while len(self._images) > _MAX_IMAGES:
+                self._images.popitem(last=False)
+            for h in hashes:
+                found = conv.images.get(h) or self._images.get(h)
+                if found is None:
+                    raise ValueError(f"image {h} is no longer held by this proxy: send it again")
+                out.append((h, found))
+        return out
 
     def _reply(
         self, call: _Call, completion: ParsedCompletion, output_tokens: int
@@ -265,7 +314,11 @@ class Server:
 
     def _complete(self, call: _Call) -> Answer:
         out = self.client.complete(
-            call.plan.prompt_ids, call.max_tokens, call.conv.temperature, call.conv.top_p
+            call.plan.prompt_ids,
+            call.max_tokens,
+            call.conv.temperature,
+            call.conv.top_p,
+            images=call.images,
         )
         finish = "length" if out.finish_reason == "length" else "stop"
         parsed = self.parser(self.renderer.decode(out.token_ids), finish, self.opened)
@@ -381,7 +434,12 @@ class Server:
             )
         try:  # POST .../v1/messages/count_tokens
             body = json.loads(raw)
-            conv = from_request("POST", "/v1/messages", dict(body, max_tokens=1))
+            conv = from_request(
+                "POST",
+                "/v1/messages",
+                dict(body, max_tokens=1),
+                images=self.renderer.vision is not None,
+            )
             count = self.renderer.count(conv.messages, conv.tools)
         except (ConversionError, TemplateError, ValueError, TypeError) as e:
             return error_answer("anthropic_messages", 400, str(e))

@@ -7,10 +7,15 @@ server does; for vLLM it is the version set with ``forge_policy_version``). ``st
 asks for the same completion as server-sent events (``stream: true``, which vLLM and
 ``forge serve-policy`` both answer) and yields it as it is sampled. Blocking:
 the addon calls it from a worker thread, never on mitmproxy's event loop.
+
+A vision policy's prompt comes with its images (``images``: hash and raw bytes, in the
+order of their tokens in the prompt), sent as ``forge_images``, which ``forge
+serve-policy`` reads; vLLM's completions take no images with a token prompt.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import urllib.error
@@ -128,6 +133,7 @@ class PolicyClient:
         max_tokens: int,
         temperature: float | None,
         top_p: float | None,
+        images: list[tuple[str, bytes]] | None = None,
     ) -> dict[str, Any]:
         model, _ = self.model()
         body: dict[str, Any] = {
@@ -143,6 +149,10 @@ class PolicyClient:
             body["temperature"] = temperature
         if top_p is not None:
             body["top_p"] = top_p
+        if images:
+            body["forge_images"] = [
+                {"hash": h, "data": base64.b64encode(data).decode("ascii")} for h, data in images
+            ]
         return body
 
     def complete(
@@ -151,8 +161,9 @@ class PolicyClient:
         max_tokens: int,
         temperature: float | None,
         top_p: float | None,
+        images: list[tuple[str, bytes]] | None = None,
     ) -> PolicyOutput:
-        body = self._request(prompt_ids, max_tokens, temperature, top_p)
+        body = self._request(prompt_ids, max_tokens, temperature, top_p, images)
         out = parse_completion(self._call("POST", "/v1/completions", body))
         if out.policy_version is None and self.policy_version is not None:
             out = PolicyOutput(
@@ -166,12 +177,13 @@ class PolicyClient:
         max_tokens: int,
         temperature: float | None,
         top_p: float | None,
+        images: list[tuple[str, bytes]] | None = None,
     ) -> Iterator[PolicyOutput]:
         """The completion as it is sampled: one ``PolicyOutput`` per event, holding the
         new token ids (and their logprobs); the last has the finish reason. Raises
         PolicyError before the first when the server refuses, and mid-stream when the
         stream breaks or ends before its finish reason."""
-        body = self._request(prompt_ids, max_tokens, temperature, top_p)
+        body = self._request(prompt_ids, max_tokens, temperature, top_p, images)
         body["stream"] = True
         response = self._open("POST", "/v1/completions", body, accept="text/event-stream")
         return self._events(response)

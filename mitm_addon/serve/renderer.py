@@ -2,7 +2,9 @@
 
 Loaded with ``transformers.AutoTokenizer`` from the folder named by ``forge_tokenizer``
 (a Hugging Face model folder: ``tokenizer.json``, ``tokenizer_config.json``, the chat
-template), so the prompt is exactly what the template renders.
+template), so the prompt is exactly what the template renders. A folder with an image
+processor's settings (``preprocessor_config.json``) is a vision policy's: each image
+sentinel in the rendered text becomes the image's tokens (``vision.encode_prompt``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
+
+from mitm_addon.serve.vision import VisionSettings, VisionTokens, encode_prompt, load_settings
 
 # An assistant turn whose text marks where an earlier completion ends: what the template
 # renders after it is what follows a completion in the real conversation.
@@ -37,6 +41,17 @@ class Renderer:
         self.template: str | None = getattr(self.tokenizer, "chat_template", None)
         if not self.template:
             raise TemplateError(f"forge_tokenizer: {path} has no chat template")
+        try:
+            self.vision: VisionSettings | None = load_settings(path)
+        except ValueError as e:
+            raise TemplateError(f"forge_tokenizer: {e}") from e
+        self.vision_tokens: VisionTokens | None = None
+        if self.vision is not None:
+            vocab = self.tokenizer.get_vocab()
+            try:
+                self.vision_tokens = VisionTokens.of(vocab.get)
+            except ValueError as e:
+                raise TemplateError(f"forge_tokenizer: {path}: {e}") from e
         eos = self.tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else [])
         self.eos_text: str = self.tokenizer.eos_token or ""
@@ -61,6 +76,11 @@ class Renderer:
         return text
 
     def encode(self, text: str) -> list[int]:
+        if self.vision is not None and self.vision_tokens is not None:
+            return encode_prompt(text, self._encode_text, self.vision_tokens, self.vision)
+        return self._encode_text(text)
+
+    def _encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:

@@ -6,6 +6,13 @@ for each sampled token, its logprob under the model's raw distribution
 (``log_softmax(logits)``, before temperature and top-p: the quantity a trainer
 recomputes, and what vLLM returns by default). ``logprobs_of`` is that recomputation:
 one forward pass over prompt + completion.
+
+A vision-language model (a folder with ``preprocessor_config.json``: Qwen3-VL) takes the
+prompt's images with it: their pixels enter the prefill, each over its run of image
+pads, with the model's 3-D rotary positions; decoding goes on from the prompt's position
+offset. It never samples a vision token (the image pads and their delimiters), whose
+place in a later prompt would stand for an image that does not exist; their logprobs
+stay those of the raw distribution.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any
 
 import torch
 
+from mitm_addon.serve.vision import VisionTokens
 from rl.window import attention_reach, visible_suffix
 
 
@@ -102,15 +110,29 @@ class Engine:
     """A causal LM on CPU (or one GPU) in float32, with a version number for its weights."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", version: int = 0) -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
-        from rl.tiny_vl_model import NOT_SERVED, is_vision_model
+        from rl.tiny_vl_model import is_vision_model
+        from rl.vision_inputs import Pixels, vision_tokens_of
 
-        if is_vision_model(model_dir):
-            raise EngineError(NOT_SERVED.format(path=model_dir))
         self.model_dir = model_dir
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.pixels: Pixels | None = None
+        self.vision_tokens: VisionTokens | None = None
+        self.suppressed: list[int] = []
+        if is_vision_model(model_dir):
+            self.model = AutoModelForImageTextToText.from_pretrained(
+                str(model_dir), dtype=torch.float32
+            )
+            self.pixels = Pixels(model_dir)
+            c = self.model.config
+            self.vision_tokens = vision_tokens_of(c)
+            self.suppressed = sorted(
+                {c.vision_start_token_id, c.vision_end_token_id, c.image_token_id}
+                | ({c.video_token_id} if getattr(c, "video_token_id", None) is not None else set())
+            )
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
         self.model.to(self.device).eval()  # type: ignore[arg-type]
         eos: Any = None
@@ -119,19 +141,22 @@ class Engine:
         except OSError:
             eos = self.model.config.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
-        self.vocab_size = int(self.model.config.vocab_size)
+        text = self.model.config.get_text_config()
+        self.max_model_len = int(getattr(text, "max_position_embeddings", 4096))
+        self.vocab_size = int(text.vocab_size)
         # A sliding-window model runs only the prompt tokens its next logits depend on.
-        self.reach = attention_reach(self.model.config)
+        self.reach = attention_reach(text)
         self.version = version
         self._lock = threading.Lock()  # one generation or weight swap at a time
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[bytes] | None = None
+    ) -> Generation:
         tokens: list[int] = []
         logprobs: list[float] = []
         tops: list[list[tuple[int, float]]] = []
         last: Step | None = None
-        for last in self.stream(prompt_ids, params):
+        for last in self.stream(prompt_ids, params, images):
             tokens.append(last.token_id)
             logprobs.append(last.logprob)
             if params.top_logprobs > 0:
@@ -141,8 +166,11 @@ class Engine:
             tokens, logprobs, last.finish_reason, last.stop_reason, self.version, tops
         )
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
+    def stream(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[bytes] | None = None
+    ) -> Iterator[Step]:
         """The completion token by token (at least one; the last has its finish reason).
+        ``images``: a vision model's, one per run of image pads in the prompt, in order.
         The checks run at the call; the engine is held until the iterator is exhausted
         or closed."""
         if not prompt_ids:
@@ -154,13 +182,56 @@ class Engine:
                 f"This model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {len(prompt_ids)} and max_tokens asks for {params.max_tokens}"
             )
-        return self._locked(prompt_ids, params)
+        vision = self._vision_inputs(prompt_ids, images or [])
+        return self._locked(prompt_ids, params, vision)
 
-    def _locked(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
+    def _vision_inputs(self, prompt_ids: list[int], images: list[bytes]) -> dict[str, Any]:
+        """The prefill's pixel inputs (empty for a text model); checked against the prompt."""
+        from rl.vision_inputs import VisionInputError, check_runs
+
+        if self.pixels is None or self.vision_tokens is None:
+            if images:
+                raise EngineError(f"{self.model_dir} is a text model: it takes no images")
+            return {}
+        try:
+            if not images:
+                check_runs(prompt_ids, self.vision_tokens, [])
+                return {}
+            pixel_values, grid = self.pixels.batch(images)
+            check_runs(prompt_ids, self.vision_tokens, [self.pixels.tokens(g) for g in grid])
+        except VisionInputError as e:
+            raise EngineError(str(e)) from None
+        return {"pixel_values": pixel_values.to(self.device), "image_grid_thw": grid}
+
+    def _locked(
+        self, prompt_ids: list[int], params: SamplingParams, vision: dict[str, Any]
+    ) -> Iterator[Step]:
         with self._lock, torch.no_grad():
-            yield from self._sample(prompt_ids, params)
+            yield from self._sample(prompt_ids, params, vision)
 
-    def _sample(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Step]:
+    def _prefill(self, ids: torch.Tensor, vision: dict[str, Any]) -> tuple[Any, Any]:
+        """(output, rope deltas) of the prompt's forward pass; deltas None for a text model.
+        Logits of the last position only: a harness prompt of 20k tokens would otherwise
+        materialise 20k x vocabulary floats (12 GB for Qwen3)."""
+        if self.vision_tokens is None:
+            return self.model(input_ids=ids, use_cache=True, logits_to_keep=1), None
+        from rl.vision_inputs import rope_positions, token_types
+
+        pad = self.vision_tokens.pad
+        positions, deltas = rope_positions(self.model, ids, pad, vision.get("image_grid_thw"))
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            mm_token_type_ids=token_types(ids, pad) if vision else None,
+            use_cache=True,
+            logits_to_keep=1,
+            **vision,
+        )
+        return out, deltas
+
+    def _sample(
+        self, prompt_ids: list[int], params: SamplingParams, vision: dict[str, Any]
+    ) -> Iterator[Step]:
         generator = torch.Generator(device="cpu")
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -168,13 +239,13 @@ class Engine:
             generator.seed()
         visible = visible_suffix(prompt_ids, self.reach)
         ids = torch.tensor([visible], dtype=torch.long, device=self.device)  # (1, T)
-        # Logits of the last position only: a harness prompt of 20k tokens would otherwise
-        # materialise 20k x vocabulary floats (12 GB for Qwen3).
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        out, deltas = self._prefill(ids, vision)
         past = out.past_key_values
         logits = out.logits[0, -1].float().cpu()  # (V,)
         for n in range(params.max_tokens):
             scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
+            if self.suppressed:
+                logits = logits.index_fill(0, torch.tensor(self.suppressed), float("-inf"))
             if params.temperature <= 0:
                 token = int(torch.argmax(logits))
             else:
@@ -194,7 +265,14 @@ class Engine:
             if finish is not None:
                 return
             step = torch.tensor([[token]], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=step, past_key_values=past, use_cache=True)
+            if deltas is None:
+                out = self.model(input_ids=step, past_key_values=past, use_cache=True)
+            else:  # the next position, offset as the prompt's images left it
+                at = (past.get_seq_length() + deltas).view(1, 1, 1).expand(3, 1, 1)
+                out = self.model(
+                    input_ids=step, position_ids=at.to(self.device), past_key_values=past,
+                    use_cache=True,
+                )  # fmt: skip
             past = out.past_key_values
             logits = out.logits[0, -1].float().cpu()
 

@@ -13,7 +13,9 @@ Routes (vLLM's shapes where vLLM has the route):
   event stream, one ``data:`` chunk per sampled token as it is sampled (its
   ``token_ids``, ``logprobs`` and text; ``prompt_token_ids`` on the first, the finish
   reason on the last, ``usage`` after it when ``stream_options.include_usage``), then
-  ``data: [DONE]``.
+  ``data: [DONE]``. A vision policy's prompt comes with ``forge_images`` (Forge's own
+  field): ``[{"hash": "i1:...", "data": BASE64}, ...]``, one per run of image pads in
+  the prompt, in order.
 * Forge's own, for the training loop: ``POST /pause``, ``POST /resume``,
   ``GET /is_paused``, ``POST /load_weights`` (``{"path": DIR, "version": N}``).
 
@@ -25,6 +27,8 @@ A weight load waits for the queue ahead of it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import contextlib
 import json
@@ -45,6 +49,28 @@ from rl.policy.engine import Engine, EngineError, Generation, SamplingParams, St
 log = logging.getLogger(__name__)
 
 _MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def _images(value: Any) -> list[bytes]:
+    """The raw images of ``forge_images``, each checked against its hash."""
+    from pipeline.images import image_hash
+
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise HttpError(400, "forge_images must be a list")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("data"), str):
+            raise HttpError(400, f'forge_images[{i}] must be {{"hash": ..., "data": BASE64}}')
+        try:
+            data = base64.b64decode(item["data"], validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise HttpError(400, f"forge_images[{i}]: data is not base64 ({e})") from None
+        if item.get("hash") is not None and item["hash"] != image_hash(data):
+            raise HttpError(400, f"forge_images[{i}]: its data does not have hash {item['hash']}")
+        out.append(data)
+    return out
 
 
 class HttpError(Exception):
@@ -151,7 +177,8 @@ class PolicyService:
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt_ids, params, options = self._parse_completion(body)
         self._admit()
-        generation = self._run(lambda: self.engine.generate(prompt_ids, params))
+        images = options["images"]
+        generation = self._run(lambda: self.engine.generate(prompt_ids, params, images))
         return self._completion_body(prompt_ids, generation, options)
 
     def stream_completions(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -160,6 +187,7 @@ class PolicyService:
         iterator early stops the sampling after the token in progress."""
         prompt_ids, params, options = self._parse_completion(body)
         self._admit()
+        images = options["images"]
         steps: queue.Queue[Step | BaseException | None] = queue.Queue()
         stopped = threading.Event()
         version: list[int] = []  # the weights' version, read where loads run (the worker)
@@ -167,7 +195,7 @@ class PolicyService:
         def job() -> None:
             version.append(self.engine.version)
             try:
-                for step in self.engine.stream(prompt_ids, params):
+                for step in self.engine.stream(prompt_ids, params, images):
                     steps.put(step)
                     if stopped.is_set():
                         break
@@ -324,6 +352,7 @@ class PolicyService:
             top_logprobs=logprobs or 0,
         )
         options = {
+            "images": _images(body.get("forge_images")),
             "logprobs": logprobs,
             "return_token_ids": body.get("return_token_ids") is True,
             "as_ids": body.get("return_tokens_as_token_ids") is True,

@@ -12,14 +12,14 @@ import torch
 from PIL import Image
 
 from forge_cli.main import main
-from rl.tiny_vl_model import SETTINGS, build_tiny_vl_model, load_image_processor
-from rl.vision import (
+from mitm_addon.serve.vision import (
     IMAGE_MARKER,
     IMAGE_PAD,
     expand_image_pads,
     grid,
     image_token_count,
 )
+from rl.tiny_vl_model import SETTINGS, build_tiny_vl_model, load_image_processor
 
 SIZES = [
     (1920, 1080),
@@ -88,10 +88,10 @@ def test_a_prompt_with_a_screenshot_runs_through_the_model_only_with_its_exact_p
         forward(ids[:5] + ids[6:])
 
 
-def test_init_model_writes_the_folder_and_serving_and_training_refuse_it(
+def test_init_model_writes_a_folder_the_engine_and_the_trainer_load_as_a_vision_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rl.policy.engine import Engine, EngineError
+    from rl.policy.engine import Engine
     from rl.trainer import load_policy
 
     out = tmp_path / "vl"
@@ -104,8 +104,6 @@ def test_init_model_writes_the_folder_and_serving_and_training_refuse_it(
     assert json.loads((out / "config.json").read_text())["architectures"] == [
         "Qwen3VLForConditionalGeneration"
     ]
-    with pytest.raises(EngineError, match="vision-language model .* not built yet"):
-        Engine(out)
-    with pytest.raises(ValueError, match="vision-language model .* not built yet"):
-        load_policy(out)
+    assert Engine(out).pixels is not None  # served and trained as a vision model
+    assert type(load_policy(out)).__name__ == "Qwen3VLForConditionalGeneration"
     assert main(["init-model", "--tiny-vl", "--reply", "x", "--out", str(tmp_path / "no")]) == 2

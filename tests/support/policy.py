@@ -55,8 +55,8 @@ def held_after(
     engine = server.service.engine
     stream, release, held = engine.stream, threading.Event(), []
 
-    def gated(prompt_ids: list[int], params: Any) -> Iterator[Any]:
-        for n, step in enumerate(stream(prompt_ids, params)):
+    def gated(prompt_ids: list[int], params: Any, *images: Any) -> Iterator[Any]:
+        for n, step in enumerate(stream(prompt_ids, params, *images)):
             yield step
             if n == token:
                 held.append(release.wait(timeout_s))

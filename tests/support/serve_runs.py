@@ -93,13 +93,13 @@ def scripted_policy(random_model: Path, tmp: Path, reply: str) -> Iterator[Any]:
         generate, stream = engine.generate, engine.stream
         server.served = 0
 
-        def counting(prompt_ids: list[int], params: Any) -> Any:
-            out = generate(prompt_ids, params)
+        def counting(prompt_ids: list[int], params: Any, *images: Any) -> Any:
+            out = generate(prompt_ids, params, *images)
             server.served += 1
             return out
 
-        def counting_stream(prompt_ids: list[int], params: Any) -> Any:
-            yield from stream(prompt_ids, params)
+        def counting_stream(prompt_ids: list[int], params: Any, *images: Any) -> Any:
+            yield from stream(prompt_ids, params, *images)
             server.served += 1
 
         engine.generate, engine.stream = counting, counting_stream

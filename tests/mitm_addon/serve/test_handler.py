@@ -28,9 +28,9 @@ def served(tiny_models: tuple[Path, Path]) -> Iterator[tuple[Server, Any, list[l
         prompts: list[list[int]] = []
         generate = policy.service.engine.generate
 
-        def recording(prompt_ids: list[int], params: Any) -> Any:
+        def recording(prompt_ids: list[int], params: Any, *images: Any) -> Any:
             prompts.append(list(prompt_ids))
-            return generate(prompt_ids, params)
+            return generate(prompt_ids, params, *images)
 
         policy.service.engine.generate = recording
         yield Server(policy.base_url, tiny_models[1]), policy, prompts
