@@ -38,6 +38,9 @@ SAMPLES = pa.schema(
         pa.field("n_tokens", pa.int64()),
         pa.field("n_loss_tokens", pa.int64()),
         pa.field("n_calls", pa.int64()),
+        # The images a vision policy saw, in the order of their tokens in input_ids: those
+        # the sequence's last call sent (its request holds the whole conversation).
+        pa.field("images", pa.list_(pa.string())),
     ]
 )
 
@@ -54,7 +57,8 @@ SELECT
     p.prefix_ids,
     c.prompt_ids,
     c.completion_ids,
-    c.completion_logprobs
+    c.completion_logprobs,
+    c.request_images
 FROM token_calls AS t
 JOIN calls AS c USING (call_id)
 JOIN groups AS g ON g.rollout_id = t.rollout_id AND g.included
@@ -185,6 +189,7 @@ def assemble(parts: pa.Table) -> pa.RecordBatch:
         return pa.array(np.where(nan, 0, values).astype(np.int64), mask=nan)
 
     offsets = pa.array(token_offsets)
+    ends = np.concatenate([starts[1:], [n]]) - 1 if n else starts  # last call of each
     return pa.RecordBatch.from_arrays(
         [
             first("sample_id"),
@@ -202,9 +207,23 @@ def assemble(parts: pa.Table) -> pa.RecordBatch:
             pa.array(seq_tokens.astype(np.int64)),
             pa.array(np.add.reduceat(comp_len, starts).astype(np.int64) if n else comp_len),
             pa.array(np.diff(call_offsets).astype(np.int64)),
+            _image_hashes(parts.column("request_images").combine_chunks().take(pa.array(ends))),
         ],
         schema=SAMPLES,
     )
+
+
+def _image_hashes(refs: pa.Array) -> pa.Array:
+    """Each list of image references without the URLs (their bytes were never stored);
+    an empty list for none."""
+    refs = pc.fill_null(refs, pa.scalar([], pa.list_(pa.string())))
+    lengths = _lengths(refs)
+    values = refs.flatten()
+    keep = pc.starts_with(values, "i1:").to_numpy(zero_copy_only=False).astype(bool)
+    owner = np.repeat(np.arange(len(refs)), lengths)
+    counts = np.bincount(owner[keep], minlength=len(refs))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pc.filter(values, pa.array(keep)))
 
 
 def read_samples(con: duckdb.DuckDBPyConnection, rollouts: Sequence[str] | None = None) -> pa.Table:

@@ -9,6 +9,7 @@ A snapshot is a directory that ``datasets`` loads offline and a trainer reads as
       trajectories/trajectories-00000-of-00001.parquet
       groups/groups-00000-of-00001.parquet
       calls/calls-00000-of-00001.parquet       call metadata and tree place, no bodies or ids
+      images/images-00000-of-00001.parquet     the images the samples show, once each, by hash
 
 ``datasets.load_dataset("parquet", data_dir="s001")`` gives the samples as its train
 split (the ``data/<split>-NNNNN-of-NNNNN`` file layout); ``load_dataset("s001",
@@ -34,13 +35,14 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import store
 from pipeline.atomic import atomic_directory, fsync_dir, fsync_file
 from pipeline.grpo import GroupSettings, apply_settings, sql_settings
 from pipeline.samples import SAMPLES, iter_samples
-from pipeline.schema import SCHEMA_VERSION, TABLES
+from pipeline.schema import IMAGES, SCHEMA_VERSION, TABLES
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ FILES = {
     "trajectories": "trajectories/trajectories-00000-of-00001.parquet",
     "groups": "groups/groups-00000-of-00001.parquet",
     "calls": "calls/calls-00000-of-00001.parquet",
+    # The images the samples show (a vision policy's), each once, by hash.
+    "images": "images/images-00000-of-00001.parquet",
 }
 # Calls columns left out of a snapshot: bodies, headers and token lists (samples hold those).
 CALLS_LEFT_OUT = (
@@ -71,6 +75,10 @@ _HASH_CHUNK = 1 << 20
 
 class SnapshotExists(FileExistsError):
     """The output directory exists: snapshots are never modified."""
+
+
+class SnapshotError(RuntimeError):
+    """A run directory whose tables do not make a whole snapshot."""
 
 
 class FilterError(ValueError):
@@ -232,6 +240,33 @@ ORDER BY group_id, rollout_id
 """
 
 
+_IMAGES = """
+SELECT hash, any_value(media_type) AS media_type, any_value(bytes) AS bytes,
+    any_value(width) AS width, any_value(height) AS height, any_value(data) AS data
+FROM images
+WHERE hash IN (SELECT hash FROM _forge_snapshot_images)
+GROUP BY hash
+ORDER BY hash
+"""
+
+
+def _write_images(con: duckdb.DuckDBPyConnection, tmp: Path) -> int:
+    """The images the written samples refer to, once each (schema: ``IMAGES`` without
+    ``first_call_id``)."""
+    images = pq.read_table(tmp / FILES["samples"], columns=["images"]).column("images")
+    hashes = pc.unique(images.combine_chunks().flatten()) if len(images) else pa.array([])
+    con.register("_forge_snapshot_images", pa.table({"hash": hashes.cast(pa.string())}))
+    try:
+        schema = pa.schema([f for f in IMAGES if f.name != "first_call_id"])
+        reader = con.sql(_IMAGES).to_arrow_reader(_BATCH_ROWS)
+        rows = _write_parquet(tmp / FILES["images"], schema, iter(reader))
+    finally:
+        con.unregister("_forge_snapshot_images")
+    if rows != len(hashes):
+        raise SnapshotError(f"the samples show {len(hashes)} images, the run holds {rows} of them")
+    return rows
+
+
 def _write_parquet(path: Path, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> int:
     """Write batches to ``path`` (an empty file with the schema when there are none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,6 +381,7 @@ def write_snapshot(
                 con, tmp / FILES["calls"], _calls_query(con), all_rows
             )
             con.unregister("_forge_snapshot_rollouts")
+            result.rows["images"] = _write_images(con, tmp)
             if audit:
                 if own and rollouts is None:
                     # The file holds every sample: audit it (the Arrow path) instead of

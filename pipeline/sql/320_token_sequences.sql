@@ -20,6 +20,7 @@ WITH parts AS (
         END AS prompt_part,
         c.completion_ids,
         c.completion_logprobs,
+        c.request_images,
         c.completion_logprobs IS NOT NULL
         AND len(c.completion_logprobs) = len(c.completion_ids) AS has_logprobs
     FROM token_calls AS t
@@ -59,6 +60,12 @@ SELECT
     max(policy_version)::BIGINT AS policy_version_max,
     sum(len(prompt_part) + len(completion_ids))::BIGINT AS n_tokens,
     sum(len(completion_ids))::BIGINT AS n_loss_tokens,
-    count(*)::BIGINT AS n_calls
+    count(*)::BIGINT AS n_calls,
+    -- The images a vision policy saw, in token order: those the last call sent, without
+    -- images given by URL.
+    list_filter(
+        coalesce(arg_max_null(request_images, position), []),
+        lambda x: starts_with(x, 'i1:')
+    )::VARCHAR[] AS images
 FROM parts
 GROUP BY sample_id

@@ -20,7 +20,9 @@ SELECT
     s.policy_version_max,
     s.n_tokens,
     s.n_loss_tokens,
-    s.n_calls
+    s.n_calls,
+    -- The images a vision policy saw, in the order of their tokens (images rows' hashes).
+    s.images
 FROM token_sequences AS s
 JOIN groups AS g ON g.rollout_id = s.rollout_id
 WHERE g.included

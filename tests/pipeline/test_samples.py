@@ -27,6 +27,7 @@ def token_call(
     completion: list[int],
     logprobs: bool = True,
     version: int = 3,
+    images: list[str] | None = None,
 ) -> dict[str, Any]:
     return call_row(
         call_id,
@@ -38,6 +39,7 @@ def token_call(
         completion_ids=completion,
         completion_logprobs=[-(t % 7) / 10 - 0.05 for t in completion] if logprobs else None,
         policy_version=version,
+        request_images=images,
     )
 
 
@@ -201,10 +203,16 @@ def random_calls(seed: int, n_rollouts: int = 4, per_rollout: int = 30) -> list[
                     tokens(rng.randrange(1, 4)),
                     logprobs=rng.random() > 0.05,
                     version=rng.choice([3, 4]),
+                    images=rng.choice(IMAGE_LISTS),
                 )
             )
             mine.append(call_id)
     return calls
+
+
+# What calls' request_images hold: none, screenshots by hash, an image given by URL.
+_H1, _H2 = "i1:" + "1" * 40, "i1:" + "2" * 40
+IMAGE_LISTS: list[list[str] | None] = [None, [], [_H1], [_H1, "https://example.com/a.png", _H2]]
 
 
 def reference_sequences(calls: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -251,6 +259,8 @@ def reference_sequences(calls: list[dict[str, Any]]) -> dict[str, dict[str, Any]
             "loss_mask": mask,
             "old_logprobs": logprobs,
             "policy_version": min(c["policy_version"] for c in chain),
+            # The images the last call showed (its request holds the whole conversation).
+            "images": [h for h in chain[-1]["request_images"] or [] if h.startswith("i1:")],
         }
     return out
 
@@ -270,6 +280,7 @@ def test_sequences_equal_the_plain_loop_and_train_each_completion_once(
         assert g["input_ids"] == w["input_ids"]
         assert g["loss_mask"] == w["loss_mask"]
         assert g["policy_version"] == w["policy_version"]
+        assert g["images"] == w["images"]
         if w["old_logprobs"] is None:
             assert g["old_logprobs"] is None
         else:
