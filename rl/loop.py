@@ -146,6 +146,13 @@ class LoopConfig:
                 f"{p}: policy_server must be one of {', '.join(POLICY_SERVERS)}, "
                 f"not {config.policy_server!r}"
             )
+        from rl.tiny_vl_model import is_vision_model
+
+        if config.policy_server == "vllm" and is_vision_model(config.model):
+            raise LoopError(
+                f"{p}: {config.model} is a vision-language model: vLLM's completions take no "
+                "images with a token prompt; serve it with policy_server: forge"
+            )
         from rl.train import TrainError, settings_from
 
         try:

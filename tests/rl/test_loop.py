@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -154,6 +155,20 @@ def test_collection_runs_ahead_of_training_by_at_most_the_staleness_bound(
     assert [c["round"] for c in curve] == [0, 1, 2]
 
 
+def _harness_logs(out: Path, k: int, rollouts: Iterable[str]) -> dict[str, str]:
+    """The tail of each rollout's harness output and of the round's proxy log: what a
+    failure shows."""
+    logs = out / "runs" / f"round-{k}" / "logs"
+    tails = {
+        f"{r}/{f.name}": f.read_text(errors="replace")[-1500:]
+        for r in rollouts
+        for f in sorted((logs / r).glob("*"))
+    }
+    proxy = out / "runs" / f"round-{k}" / "proxy.log"
+    tails["proxy.log"] = proxy.read_text(errors="replace")[-3000:] if proxy.is_file() else ""
+    return tails
+
+
 @pytest.mark.slow
 def test_a_grpo_loop_running_ahead_killed_at_every_phase_loses_and_repeats_nothing(
     tmp_path: Path, confdir: Path, tiny_models: tuple[Path, Path]
@@ -204,7 +219,9 @@ def test_a_grpo_loop_running_ahead_killed_at_every_phase_loses_and_repeats_nothi
         calls = dict(
             run_dir.execute("SELECT rollout_id, count(*) FROM calls GROUP BY ALL").fetchall()
         )
-        assert all(calls[r] == 8 for r in ended), calls
+        statuses = dict(run_dir.execute("SELECT rollout_id, status FROM rollouts").fetchall())
+        short = {r: (calls.get(r, 0), statuses[r]) for r in ended if calls.get(r, 0) != 8}
+        assert not short, (k, short, sorted(calls.items()), _harness_logs(out, k, short))
         sampled = run_dir.execute(
             "SELECT DISTINCT policy_version FROM calls WHERE rollout_id IN "
             "(SELECT rollout_id FROM rollouts)"
@@ -264,6 +281,11 @@ def test_a_bad_config_says_what_is_wrong(tmp_path: Path) -> None:
         LoopConfig.load(bad)
     bad.write_text("out: x\nmodel: y\ntasks: t\npolicy_server: sglang\n")
     with pytest.raises(LoopError, match="policy_server must be one of forge, vllm, not 'sglang'"):
+        LoopConfig.load(bad)
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "preprocessor_config.json").write_text("{}")
+    bad.write_text(f"out: x\nmodel: {tmp_path / 'vl'}\ntasks: t\npolicy_server: vllm\n")
+    with pytest.raises(LoopError, match="vision-language model: vLLM's completions take no images"):
         LoopConfig.load(bad)
     bad.write_text("out: x\nmodel: y\ntasks: t\ntrain: {lr: 1e-3, lrr: 2}\n")
     with pytest.raises(LoopError, match="train: unknown training setting.s. lrr"):
