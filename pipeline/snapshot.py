@@ -250,12 +250,20 @@ ORDER BY hash
 """
 
 
-def _write_images(con: duckdb.DuckDBPyConnection, tmp: Path) -> int:
-    """The images the written samples refer to, once each (schema: ``IMAGES`` without
-    ``first_call_id``)."""
-    images = pq.read_table(tmp / FILES["samples"], columns=["images"]).column("images")
-    hashes = pc.unique(images.combine_chunks().flatten()) if len(images) else pa.array([])
-    con.register("_forge_snapshot_images", pa.table({"hash": hashes.cast(pa.string())}))
+def _noting_images(
+    batches: Iterator[pa.RecordBatch], shown: set[str]
+) -> Iterator[pa.RecordBatch]:
+    """``batches`` of samples as they are, each one's image hashes added to ``shown``."""
+    for batch in batches:
+        shown.update(pc.unique(batch.column("images").flatten()).to_pylist())
+        yield batch
+
+
+def _write_images(con: duckdb.DuckDBPyConnection, tmp: Path, hashes: set[str]) -> int:
+    """The images ``hashes`` (those the samples name), once each (schema: ``IMAGES``
+    without ``first_call_id``)."""
+    table = pa.table({"hash": pa.array(sorted(hashes), pa.string())})
+    con.register("_forge_snapshot_images", table)
     try:
         schema = pa.schema([f for f in IMAGES if f.name != "first_call_id"])
         reader = con.sql(_IMAGES).to_arrow_reader(_BATCH_ROWS)
@@ -370,8 +378,9 @@ def write_snapshot(
                 pa.table({"rollout_id": pa.array(rollouts or [], pa.string())}),
             )
             all_rows = rollouts is None
+            shown: set[str] = set()  # the images the samples name, noted as they are written
             result.rows["samples"] = _write_parquet(
-                tmp / FILES["samples"], SAMPLES, iter_samples(con, rollouts)
+                tmp / FILES["samples"], SAMPLES, _noting_images(iter_samples(con, rollouts), shown)
             )
             result.rows["trajectories"] = _write_query(
                 con, tmp / FILES["trajectories"], _TRAJECTORIES, all_rows
@@ -381,7 +390,7 @@ def write_snapshot(
                 con, tmp / FILES["calls"], _calls_query(con), all_rows
             )
             con.unregister("_forge_snapshot_rollouts")
-            result.rows["images"] = _write_images(con, tmp)
+            result.rows["images"] = _write_images(con, tmp, shown)
             if audit:
                 if own and rollouts is None:
                     # The file holds every sample: audit it (the Arrow path) instead of

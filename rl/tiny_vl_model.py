@@ -17,7 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mitm_addon.serve.vision import IMAGE_PAD, VISION_END, VISION_START, VisionSettings
+from mitm_addon.serve.vision import (
+    IMAGE_PAD,
+    PREPROCESSOR_CONFIG,
+    VISION_END,
+    VISION_START,
+    VisionSettings,
+)
 from rl.tiny_model import TINY_CONFIG, qwen3_tokenizer_dir, save_tiny
 
 SETTINGS = VisionSettings()
@@ -99,20 +105,20 @@ def build_tiny_vl_model(out: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()  # type: ignore[arg-type]
     save_tiny(model, tokenizer, source, out)
-    (out / "preprocessor_config.json").write_text(json.dumps(IMAGE_PROCESSOR, indent=2) + "\n")
+    (out / PREPROCESSOR_CONFIG).write_text(json.dumps(IMAGE_PROCESSOR, indent=2) + "\n")
     return out
 
 
 def is_vision_model(model_dir: Path) -> bool:
     """A model folder with an image processor's settings: a vision policy."""
-    return (Path(model_dir) / "preprocessor_config.json").is_file()
+    return (Path(model_dir) / PREPROCESSOR_CONFIG).is_file()
 
 
 def load_image_processor(model_dir: Path) -> Any:
     """The folder's image processor (the PIL one: no torchvision needed)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    config = json.loads((model_dir / "preprocessor_config.json").read_text())
+    config = json.loads((model_dir / PREPROCESSOR_CONFIG).read_text())
     keys = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
             "image_mean", "image_std")  # fmt: skip
     return Qwen2VLImageProcessorPil(**{k: config[k] for k in keys if k in config})

@@ -92,20 +92,13 @@ def token_types(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 def rope_positions(
-    model: Any,
-    input_ids: torch.Tensor,
-    pad_id: int,
-    grid: torch.Tensor | None,
-    attention_mask: torch.Tensor | None = None,
+    model: Any, input_ids: torch.Tensor, pad_id: int, grid: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(position_ids (3, B, T), rope deltas (B, 1)) of a Qwen-VL prompt. Passed to the
+    """(position_ids (3, 1, T), rope deltas (1, 1)) of a Qwen-VL prompt. Passed to the
     model explicitly: left to itself it keeps the deltas of the last prompt it saw and
     would apply them to a later one's decoding."""
     positions, deltas = model.model.get_rope_index(
-        input_ids,
-        mm_token_type_ids=token_types(input_ids, pad_id),
-        image_grid_thw=grid,
-        attention_mask=attention_mask,
+        input_ids, mm_token_type_ids=token_types(input_ids, pad_id), image_grid_thw=grid
     )
     return positions, deltas
 

@@ -15,7 +15,7 @@ from mitm_addon.protocols import find_adapter
 from mitm_addon.protocols.base import ParseError
 from mitm_addon.serve.vision import image_text
 from pipeline.export import _text_of, to_openai
-from pipeline.images import IMAGE_KEY, extract_images, image_size, is_image_ref
+from pipeline.images import HASH_TAG, extract_images, image_refs, image_size
 
 
 class ConversionError(ValueError):
@@ -85,17 +85,6 @@ def _clean(message: dict[str, Any]) -> dict[str, Any]:
 _IMAGE_PARTS = frozenset({"image", "image_url", "input_image", "computer_screenshot"})
 
 
-def _holds_ref(value: Any) -> str | None:
-    """The hash of the image reference somewhere in ``value``, if any."""
-    if is_image_ref(value):
-        return str(value[IMAGE_KEY])
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    for child in children:
-        if (found := _holds_ref(child)) is not None:
-            return found
-    return None
-
-
 def inline_images(items: list[Any]) -> tuple[list[Any], dict[str, bytes]]:
     """``items`` with each image part replaced by a text part holding its sentinel
     (``vision.image_text``), and each image's bytes by hash: what a vision policy's
@@ -111,7 +100,7 @@ def inline_images(items: list[Any]) -> tuple[list[Any], dict[str, bytes]]:
         if not isinstance(value, dict):
             return value
         if value.get("type") in _IMAGE_PARTS:
-            h = _holds_ref(value)
+            h = next((r for r in image_refs(value) if r.startswith(HASH_TAG + ":")), None)
             if h is None:
                 raise ConversionError(
                     "a vision policy is shown inline images only: this request gives one by "

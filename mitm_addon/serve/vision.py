@@ -6,9 +6,8 @@ A Qwen-VL model sees an image as ``<|vision_start|>`` ``<|image_pad|>`` x N
 ``max_pixels``, cuts it into ``patch_size`` squares, and the vision tower merges each
 ``merge_size x merge_size`` block of patches into one token, so N = (H / patch) x
 (W / patch) / merge^2. The count depends only on the image's size and the processor's
-settings: rendering a prompt once with one pad per image and widening each pad to its
-N (``expand_image_pads``) gives the same ids the model's own processor would, on every
-turn, which is what keeps a conversation with images token-exact.
+settings, so a prompt's ids are the same on every turn, which is what keeps a
+conversation with images token-exact.
 
 In serve mode an image reaches the chat template as a sentinel in the message text
 (``image_text``: the image's content hash and size), so the conversation keys that
@@ -30,7 +29,6 @@ from pathlib import Path
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
-IMAGE_MARKER = VISION_START + IMAGE_PAD + VISION_END  # one image, before its pads widen
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 # An image in a message's text: invisible separators around its hash and size.
 _SENTINEL = re.compile("\u2063forge-image:(i1:[0-9a-f]{40}):([0-9]+)x([0-9]+)\u2063")
@@ -76,24 +74,6 @@ def grid(height: int, width: int, s: VisionSettings) -> tuple[int, int, int]:
 def image_token_count(height: int, width: int, s: VisionSettings) -> int:
     t, h, w = grid(height, width, s)
     return t * h * w // (s.merge_size**2)
-
-
-def expand_image_pads(ids: Sequence[int], pad_id: int, counts: Sequence[int]) -> list[int]:
-    """``ids`` with its k-th ``pad_id`` widened to ``counts[k]`` pads. Raises ValueError
-    when the prompt holds another number of pads than there are images."""
-    out: list[int] = []
-    k = 0
-    for token in ids:
-        if token != pad_id:
-            out.append(token)
-            continue
-        if k >= len(counts):
-            raise ValueError(f"the prompt holds more image pads than its {len(counts)} images")
-        out.extend([pad_id] * counts[k])
-        k += 1
-    if k != len(counts):
-        raise ValueError(f"the prompt holds {k} image pads for {len(counts)} images")
-    return out
 
 
 def load_settings(model_dir: Path) -> VisionSettings | None:

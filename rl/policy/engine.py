@@ -119,7 +119,7 @@ class Engine:
         self.device = torch.device(device)
         self.pixels: Pixels | None = None
         self.vision_tokens: VisionTokens | None = None
-        self.suppressed: list[int] = []
+        self.suppressed: torch.Tensor | None = None  # vision token ids never sampled
         if is_vision_model(model_dir):
             self.model = AutoModelForImageTextToText.from_pretrained(
                 str(model_dir), dtype=torch.float32
@@ -127,10 +127,10 @@ class Engine:
             self.pixels = Pixels(model_dir)
             c = self.model.config
             self.vision_tokens = vision_tokens_of(c)
-            self.suppressed = sorted(
-                {c.vision_start_token_id, c.vision_end_token_id, c.image_token_id}
-                | ({c.video_token_id} if getattr(c, "video_token_id", None) is not None else set())
-            )
+            ids = {c.vision_start_token_id, c.vision_end_token_id, c.image_token_id}
+            if getattr(c, "video_token_id", None) is not None:
+                ids.add(c.video_token_id)
+            self.suppressed = torch.tensor(sorted(ids))
         else:
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         # transformers wraps PreTrainedModel.to in functools.wraps, whose stub loses ``self``.
@@ -244,8 +244,8 @@ class Engine:
         logits = out.logits[0, -1].float().cpu()  # (V,)
         for n in range(params.max_tokens):
             scores = torch.log_softmax(logits, dim=-1)  # (V,) raw distribution
-            if self.suppressed:
-                logits = logits.index_fill(0, torch.tensor(self.suppressed), float("-inf"))
+            if self.suppressed is not None:
+                logits = logits.index_fill(0, self.suppressed, float("-inf"))
             if params.temperature <= 0:
                 token = int(torch.argmax(logits))
             else:

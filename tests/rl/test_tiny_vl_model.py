@@ -1,6 +1,6 @@
 """The tiny Qwen3-VL: built without downloads, image token counts computed without its
-processor equal the processor's, a prompt with a screenshot runs through it; serving and
-training refuse it with a clear error until they take images."""
+processor equal the processor's, a prompt with a screenshot runs through it only with
+its exact pad count, and the engine and the trainer load it as a vision model."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from PIL import Image
 
 from forge_cli.main import main
 from mitm_addon.serve.vision import (
-    IMAGE_MARKER,
-    IMAGE_PAD,
-    expand_image_pads,
+    VisionTokens,
+    encode_prompt,
     grid,
+    image_text,
     image_token_count,
 )
 from rl.tiny_vl_model import SETTINGS, build_tiny_vl_model, load_image_processor
@@ -53,14 +53,6 @@ def test_a_screenshot_sized_image_is_sixty_tokens() -> None:
     assert image_token_count(1080, 1920, SETTINGS) == 60
 
 
-def test_pads_widen_to_each_images_count_and_a_wrong_number_of_images_is_refused() -> None:
-    assert expand_image_pads([1, 9, 2, 9, 3], 9, [2, 3]) == [1, 9, 9, 2, 9, 9, 9, 3]
-    with pytest.raises(ValueError, match="1 image pads for 2 images"):
-        expand_image_pads([1, 9, 2], 9, [2, 3])
-    with pytest.raises(ValueError, match="more image pads than its 1 images"):
-        expand_image_pads([9, 9], 9, [2])
-
-
 def test_a_prompt_with_a_screenshot_runs_through_the_model_only_with_its_exact_pad_count(
     vl_dir: Path,
 ) -> None:
@@ -68,14 +60,19 @@ def test_a_prompt_with_a_screenshot_runs_through_the_model_only_with_its_exact_p
 
     tokenizer = AutoTokenizer.from_pretrained(str(vl_dir))
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(vl_dir), dtype=torch.float32).eval()
-    pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-    messages = [{"role": "user", "content": IMAGE_MARKER + "What does the page show?"}]
+    tokens = VisionTokens.of(tokenizer.get_vocab().get)
+    pad = tokens.pad
+    shown = image_text("i1:" + "0" * 40, 1920, 1080)
+    messages = [{"role": "user", "content": shown + "What does the page show?"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    one_pad = tokenizer.encode(text, add_special_tokens=False)
-    assert one_pad.count(pad) == 1  # the marker's special tokens survive the template
+
+    def encode(piece: str) -> list[int]:
+        return list(tokenizer.encode(piece, add_special_tokens=False))
+
+    ids = encode_prompt(text, encode, tokens, SETTINGS)
+    assert ids.count(pad) == image_token_count(1080, 1920, SETTINGS) == 60
     image = Image.new("RGB", (1920, 1080), (40, 90, 200))
     pixels = load_image_processor(vl_dir)(images=[image], return_tensors="pt")
-    ids = expand_image_pads(one_pad, pad, [image_token_count(1080, 1920, SETTINGS)])
 
     def forward(prompt: list[int]) -> torch.Tensor:
         mm = torch.tensor([[int(t == pad) for t in prompt]])

@@ -123,6 +123,14 @@ def _images(model_dir: Path, model: Any) -> SampleImages:
     )
 
 
+def test_each_image_is_processed_once_however_often_it_is_shown(tiny_vl_model: Path) -> None:
+    pixels = Pixels(tiny_vl_model)
+    first, grid = pixels.one(SHOTS[0])
+    again, _ = pixels.one(bytes(bytearray(SHOTS[0])))  # the same content, a new object
+    assert again is first and grid.tolist() == [1, 12, 20]
+    assert pixels.one(SHOTS[1])[0] is not first
+
+
 def test_the_trainer_sees_what_the_policy_saw(
     served_gui_turns: dict[str, Any], tiny_vl_model: Path
 ) -> None:
